@@ -1,0 +1,1 @@
+//! The built-in operators, one per module, each built from the core's structures.
