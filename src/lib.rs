@@ -8,3 +8,4 @@
 
 pub mod core;
 pub mod operators;
+pub mod workloads;

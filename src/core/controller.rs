@@ -86,7 +86,11 @@ impl Mode {
 pub enum Action {
     /// Take backup `seq` of the operator with this scope, write its entries and then
     /// `marker`, and report the acknowledgement (or failure).
-    Backup { seq: u64, scope: BackupScope, marker: BackupMarker },
+    Backup {
+        seq: u64,
+        scope: BackupScope,
+        marker: BackupMarker,
+    },
     /// Commit this input offset (the next offset to consume).
     Commit { offset: u64 },
 }
@@ -100,6 +104,8 @@ pub enum Blocked {
     Commit,
     /// The failure count of a recovery is not persisted yet.
     RecoveryMarker,
+    /// Exact mode: an interval's backup waits for every output to be acknowledged.
+    Barrier,
     /// The task is stopping or stopped.
     Stopping,
 }
@@ -156,6 +162,9 @@ pub struct TaskController {
     unacked_outputs: u64,
     interval_items: u64,
     interval_started_ms: u64,
+    /// Exact mode: an interval ended; input waits until every output is
+    /// acknowledged and no backup is in flight, then the backup is taken.
+    barrier: bool,
 }
 
 impl TaskController {
@@ -191,6 +200,7 @@ impl TaskController {
             unacked_outputs: 0,
             interval_items: 0,
             interval_started_ms: now_ms,
+            barrier: false,
         };
         if plan.counted_failure && controller.mode != Mode::None {
             controller.phase = Phase::Recovering;
@@ -226,6 +236,9 @@ impl TaskController {
             Phase::Stopping | Phase::Stopped => return Err(Blocked::Stopping),
             Phase::Running => {}
         }
+        if self.barrier {
+            return Err(Blocked::Barrier);
+        }
         if self.mode == Mode::Approximate {
             if self.unacked_outputs + self.constants.beta > self.thresholds.outputs {
                 return Err(Blocked::Outputs);
@@ -239,7 +252,14 @@ impl TaskController {
 
     /// An item at `offset` was processed and made `outputs` outputs (now in flight);
     /// `divergence` is the operator's divergence after it.
-    pub fn item_processed(&mut self, offset: u64, outputs: u64, divergence: f64, now_ms: u64, actions: &mut Vec<Action>) {
+    pub fn item_processed(
+        &mut self,
+        offset: u64,
+        outputs: u64,
+        divergence: f64,
+        now_ms: u64,
+        actions: &mut Vec<Action>,
+    ) {
         let before = Position {
             items: self.processed.items,
             offset,
@@ -285,7 +305,7 @@ impl TaskController {
     }
 
     fn exact_interval_check(&mut self, interval: ExactInterval, now_ms: u64, actions: &mut Vec<Action>) {
-        if self.phase != Phase::Running || self.in_flight.is_some() {
+        if self.phase != Phase::Running || self.barrier {
             return;
         }
         let by_items = interval.items.is_some_and(|n| self.interval_items >= n);
@@ -295,6 +315,17 @@ impl TaskController {
         if by_items || by_time {
             self.interval_items = 0;
             self.interval_started_ms = now_ms;
+            self.barrier = true;
+            self.pass_barrier(actions);
+        }
+    }
+
+    /// Exact mode backs up only where every earlier output is acknowledged (as
+    /// Kafka Streams flushes its producer before it commits), so that a recovery can
+    /// resume exactly where the backup ends.
+    fn pass_barrier(&mut self, actions: &mut Vec<Action>) {
+        if self.barrier && self.unacked_outputs == 0 && self.in_flight.is_none() {
+            self.barrier = false;
             self.issue_backup(BackupScope::Complete, false, actions);
         }
     }
@@ -370,7 +401,10 @@ impl TaskController {
         }
         match self.mode {
             Mode::None => {}
-            Mode::Exact(_) => self.issue_commit(done.covers, actions),
+            Mode::Exact(_) => {
+                self.issue_commit(done.covers, actions);
+                self.pass_barrier(actions);
+            }
             Mode::Approximate => {
                 if divergence > self.thresholds.theta {
                     // Drifted over θ again while the backup was in flight: only the
@@ -397,13 +431,23 @@ impl TaskController {
         let again = match (self.phase, self.mode) {
             (Phase::Recovering, _) => Some(BackupScope::Complete),
             (Phase::Stopping, _) if failed.clean => Some(BackupScope::Complete),
-            (_, Mode::Exact(_)) => Some(BackupScope::Complete),
+            (_, Mode::Exact(_)) => {
+                // Back to the barrier: outputs made since must be acknowledged too.
+                self.barrier = true;
+                None
+            }
             (_, Mode::Approximate) if divergence > self.thresholds.theta => Some(BackupScope::Drifted),
             _ => None,
         };
         if let Some(scope) = again {
             self.issue_backup(scope, failed.clean, actions);
+        } else if self.mode == Mode::Approximate && self.phase == Phase::Running {
+            // The state drifted back within θ while the backup was in flight: the
+            // current position is safe again, and nothing else would move it.
+            self.safe = self.processed;
+            self.maybe_commit(true, actions);
         }
+        self.pass_barrier(actions);
         self.advance_stop(actions);
     }
 
@@ -419,6 +463,7 @@ impl TaskController {
         while self.outputs.front().is_some_and(|o| o.remaining == 0) {
             self.outputs.pop_front();
         }
+        self.pass_barrier(actions);
         self.maybe_commit(false, actions);
         self.advance_stop(actions);
     }

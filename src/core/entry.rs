@@ -170,7 +170,10 @@ mod tests {
     #[test]
     fn truncated_values_are_errors_not_panics() {
         assert!(matches!(decode_f64(&[]), Err(CoreError::Undecodable { .. })));
-        assert!(matches!(decode_f64(&[ENCODING_VERSION, 1, 2]), Err(CoreError::Undecodable { .. })));
+        assert!(matches!(
+            decode_f64(&[ENCODING_VERSION, 1, 2]),
+            Err(CoreError::Undecodable { .. })
+        ));
         let mut reader = PayloadReader::new(&[1, 2], "test");
         assert!(reader.u32().is_err());
     }

@@ -17,7 +17,7 @@ use super::controller::{Action, ControllerConfig, Mode, TaskController};
 use super::entry::BackupEntry;
 use super::error::CoreError;
 use super::operator::Operator;
-use super::recovery::{BackupMarker, RecoveryPlan};
+use super::recovery::{restorable, RecoveryPlan};
 
 /// How a simulated run goes wrong.
 #[derive(Clone, Debug)]
@@ -56,15 +56,13 @@ impl Default for SimulationOptions {
 pub enum Violation {
     /// After catching up to a crash position, the state was farther from the lost
     /// state than the bound allows.
-    StateBound {
-        crash: usize,
-        observed: f64,
-        bound: f64,
-    },
+    StateBound { crash: usize, observed: f64, bound: f64 },
     /// An output of an item below the committed offset never reached the sink.
     LostOutput { crash: usize, item_offset: u64 },
     /// More outputs will be repeated than l·β.
     RepeatedOutputs { crash: usize, repeated: u64, bound: u64 },
+    /// The task stopped taking input with nothing in flight that could unblock it.
+    Stalled { next_offset: u64, reason: String },
 }
 
 /// One recovery as observed.
@@ -130,6 +128,8 @@ pub struct SimulatedTask<'a, O: Operator> {
     report: SimulationReport,
     checks: Vec<PendingCheck>,
     failure_bounds: Vec<f64>,
+    /// Entries the next backup writes first, undoing a crashed backup's tail.
+    repair: Vec<BackupEntry>,
 }
 
 impl<'a, O> SimulatedTask<'a, O>
@@ -137,7 +137,11 @@ where
     O: Operator + Clone + 'static,
     O::Output: Clone,
 {
-    pub fn new(config: ControllerConfig, build: &'a dyn Fn() -> O, options: SimulationOptions) -> Result<Self, CoreError> {
+    pub fn new(
+        config: ControllerConfig,
+        build: &'a dyn Fn() -> O,
+        options: SimulationOptions,
+    ) -> Result<Self, CoreError> {
         let mut actions = Vec::new();
         let controller = TaskController::start(config, &RecoveryPlan::fresh(0), 0, &mut actions)?;
         let mut operator = build();
@@ -161,6 +165,7 @@ where
             report: SimulationReport::default(),
             checks: Vec::new(),
             failure_bounds: Vec::new(),
+            repair: Vec::new(),
         };
         task.execute(actions);
         Ok(task)
@@ -187,7 +192,9 @@ where
         for action in actions {
             match action {
                 Action::Backup { seq, scope, marker } => {
-                    let mut records = Vec::new();
+                    // The repair entries go with every backup until one of them is
+                    // acknowledged: a failed one may have written only part of them.
+                    let mut records = self.repair.clone();
                     self.operator.backup(seq, scope, &mut records);
                     self.report.backups += 1;
                     self.report.backup_entries += records.len() as u64;
@@ -223,8 +230,14 @@ where
         let mut delivered = false;
         let mut actions = Vec::new();
         let now = self.step;
-        while self.backups.front().is_some_and(|b| b.at <= now || (force && !delivered)) {
-            let Some(Due { what: backup, .. }) = self.backups.pop_front() else { break };
+        while self
+            .backups
+            .front()
+            .is_some_and(|b| b.at <= now || (force && !delivered))
+        {
+            let Some(Due { what: backup, .. }) = self.backups.pop_front() else {
+                break;
+            };
             delivered = true;
             if backup.fails {
                 self.persist_prefix(&backup.records);
@@ -235,13 +248,20 @@ where
                 if !self.options.drop_backups {
                     self.changelog.extend_from_slice(&backup.records);
                 }
+                self.repair.clear();
                 self.operator.acknowledge_backup(backup.seq);
                 self.controller
                     .backup_acknowledged(backup.seq, self.operator.divergence(), &mut actions);
             }
         }
-        while self.commits.front().is_some_and(|c| c.at <= now || (force && !delivered)) {
-            let Some(Due { what: offset, .. }) = self.commits.pop_front() else { break };
+        while self
+            .commits
+            .front()
+            .is_some_and(|c| c.at <= now || (force && !delivered))
+        {
+            let Some(Due { what: offset, .. }) = self.commits.pop_front() else {
+                break;
+            };
             delivered = true;
             self.committed = Some(self.committed.map_or(offset, |c| c.max(offset)));
             self.controller.commit_acknowledged(offset, &mut actions);
@@ -249,7 +269,9 @@ where
         let mut index = 0;
         while index < self.outputs.len() {
             if self.outputs[index].at <= now || (force && !delivered) {
-                let Due { what: (offset, output), .. } = self.outputs.swap_remove(index);
+                let Due {
+                    what: (offset, output), ..
+                } = self.outputs.swap_remove(index);
                 delivered = true;
                 self.sink.push((offset, output));
                 self.report.outputs_delivered += 1;
@@ -280,7 +302,10 @@ where
         }
         let committed = self.committed.unwrap_or(0);
         let outputs: Vec<_> = self.outputs.drain(..).collect();
-        for Due { what: (offset, output), .. } in outputs {
+        for Due {
+            what: (offset, output), ..
+        } in outputs
+        {
             if self.rng.gen_bool(0.5) {
                 self.sink.push((offset, output));
             } else if offset < committed {
@@ -320,15 +345,12 @@ where
         // Recovery: a fresh operator restored from the changelog, resuming at the
         // committed offset.
         let mut operator = (self.build)();
-        operator.restore(&self.changelog)?;
-        let marker = self
-            .changelog
-            .iter()
-            .rev()
-            .find(|e| BackupMarker::is_marker(e))
-            .map(BackupMarker::from_entry)
-            .transpose()?;
+        let restorable = restorable(&self.changelog)?;
+        operator.restore(restorable.entries)?;
+        let marker = restorable.marker;
+        self.repair = restorable.repair;
         let plan = RecoveryPlan::decide(
+            self.config.mode,
             marker.as_ref(),
             self.committed,
             0,
@@ -363,7 +385,9 @@ where
             let check = self.checks.remove(index);
             // Every failure since this crash adds its own bound.
             let bound: f64 = self.failure_bounds[check.crash..].iter().sum();
-            let Some(lost) = check.lost.downcast_ref::<O>() else { continue };
+            let Some(lost) = check.lost.downcast_ref::<O>() else {
+                continue;
+            };
             let observed = self.operator.distance(lost);
             if let Some(record) = self.report.recoveries.get_mut(check.crash) {
                 record.observed = Some(observed);
@@ -387,9 +411,7 @@ where
         loop {
             self.step += 1;
             self.deliver(false);
-            let crash_due = crashes
-                .front()
-                .is_some_and(|&at| self.report.items_processed >= at)
+            let crash_due = crashes.front().is_some_and(|&at| self.report.items_processed >= at)
                 && (!self.options.crash_during_backup || self.controller.backup_in_flight());
             if crash_due {
                 crashes.pop_front();
@@ -407,15 +429,29 @@ where
                 if self.controller.is_stopped() {
                     break;
                 }
-                self.deliver(true);
+                if !self.deliver(true) {
+                    self.report.violations.push(Violation::Stalled {
+                        next_offset: self.next_offset,
+                        reason: "the clean stop never finished".to_string(),
+                    });
+                    break;
+                }
                 continue;
             }
             if (self.next_offset as usize) >= stream.len() || self.controller.readiness().is_err() {
                 // Waiting (blocked, or for a crash still to come at the end).
-                if !self.deliver(true) && (self.next_offset as usize) >= stream.len() {
-                    // Nothing in flight and nothing to read: the remaining crash
-                    // points lie past the end of the stream.
-                    crashes.clear();
+                if !self.deliver(true) {
+                    if (self.next_offset as usize) >= stream.len() {
+                        // Nothing in flight and nothing to read: the remaining crash
+                        // points lie past the end of the stream.
+                        crashes.clear();
+                    } else {
+                        self.report.violations.push(Violation::Stalled {
+                            next_offset: self.next_offset,
+                            reason: format!("{:?}", self.controller.readiness()),
+                        });
+                        break;
+                    }
                 }
                 continue;
             }

@@ -23,4 +23,6 @@ pub use error::CoreError;
 pub use operator::{AnalysisConstants, BackupScope, Operator, Rejected};
 pub use recovery::{BackupMarker, RecoveryPlan};
 pub use structures::{Norm, Tracked, TrackedSet, TrackedTable, TrackedValue, TrackedVector};
-pub use thresholds::{ErrorBound, FailurePolicy, GlobalThresholds, Placement, TaskThresholds, ThresholdPolicy, WindowPolicy};
+pub use thresholds::{
+    ErrorBound, FailurePolicy, GlobalThresholds, Placement, TaskThresholds, ThresholdPolicy, WindowPolicy,
+};

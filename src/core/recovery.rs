@@ -6,6 +6,7 @@
 //! (the last stop was clean) or recovers from a failure, which it counts so the
 //! thresholds halve.
 
+use super::controller::Mode;
 use super::entry::{entry_key, payload, versioned, BackupEntry, PayloadReader, MARKER_TAG};
 use super::error::CoreError;
 use super::operator::AnalysisConstants;
@@ -80,6 +81,46 @@ impl BackupMarker {
     }
 }
 
+/// What a changelog holds for a starting task.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Restorable<'a> {
+    /// Every entry up to and including the last marker: what to restore.
+    pub entries: &'a [BackupEntry],
+    /// The last marker.
+    pub marker: Option<BackupMarker>,
+    /// Entries that undo the tail: for every key written after the last marker (by
+    /// a backup in flight at the crash, possibly only partly written), its value as
+    /// of the marker, or a deletion. The first backup of the new run writes them,
+    /// so the tail can never mix into a later restore.
+    pub repair: Vec<BackupEntry>,
+}
+
+/// Splits a changelog, in write order, into what a task restores and what it must
+/// repair. Leaving the tail out keeps exact mode exact and approximate mode within
+/// its bound.
+pub fn restorable(log: &[BackupEntry]) -> Result<Restorable<'_>, CoreError> {
+    let (entries, marker) = match log.iter().rposition(BackupMarker::is_marker) {
+        None => (&log[..0], None),
+        Some(last) => (&log[..=last], Some(BackupMarker::from_entry(&log[last])?)),
+    };
+    let mut repair: Vec<BackupEntry> = Vec::new();
+    for entry in &log[entries.len()..] {
+        if BackupMarker::is_marker(entry) || repair.iter().any(|r| r.key == entry.key) {
+            continue;
+        }
+        let before = entries.iter().rev().find(|e| e.key == entry.key);
+        repair.push(before.cloned().unwrap_or(BackupEntry {
+            key: entry.key.clone(),
+            value: None,
+        }));
+    }
+    Ok(Restorable {
+        entries,
+        marker,
+        repair,
+    })
+}
+
 /// How a task starts.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RecoveryPlan {
@@ -106,13 +147,29 @@ impl RecoveryPlan {
 
     /// Decides from the last marker and the committed offset. `start_offset` is where
     /// a task with no commit starts (the partition's beginning).
+    ///
+    /// Approximate mode resumes at the committed offset, as the bound assumes. Exact
+    /// mode resumes where its last backup ends: its backups are taken at barriers
+    /// where every earlier output is acknowledged, so nothing before the marker needs
+    /// replaying, and a commit lost in the crash cannot make the replay count items
+    /// twice.
     pub fn decide(
+        mode: Mode,
         last_marker: Option<&BackupMarker>,
         committed: Option<u64>,
         start_offset: u64,
         policy: &ThresholdPolicy,
         constants: AnalysisConstants,
     ) -> Self {
+        if let (Mode::Exact(_), Some(marker)) = (mode, last_marker) {
+            let clean = marker.clean && committed == Some(marker.input_offset);
+            return RecoveryPlan {
+                resume_offset: marker.input_offset,
+                failures: marker.failures.saturating_add(u32::from(!clean)),
+                counted_failure: !clean,
+                introduced: ErrorBound::default(),
+            };
+        }
         let resume_offset = committed.unwrap_or(start_offset);
         match last_marker {
             None if committed.is_none() => RecoveryPlan::fresh(start_offset),
@@ -189,7 +246,7 @@ mod tests {
     #[test]
     fn clean_stop_continues_without_a_failure() {
         let c = AnalysisConstants { alpha: 2.0, beta: 1 };
-        let plan = RecoveryPlan::decide(Some(&marker(true)), Some(1000), 0, &policy(), c);
+        let plan = RecoveryPlan::decide(Mode::Approximate, Some(&marker(true)), Some(1000), 0, &policy(), c);
         assert!(!plan.counted_failure);
         assert_eq!(plan.failures, 2);
         assert_eq!(plan.resume_offset, 1000);
@@ -198,15 +255,17 @@ mod tests {
     #[test]
     fn crash_counts_a_failure_and_reports_its_bound() {
         let c = AnalysisConstants { alpha: 2.0, beta: 1 };
-        let plan = RecoveryPlan::decide(Some(&marker(false)), Some(900), 0, &policy(), c);
+        let plan = RecoveryPlan::decide(Mode::Approximate, Some(&marker(false)), Some(900), 0, &policy(), c);
         assert!(plan.counted_failure);
         assert_eq!(plan.failures, 3);
         assert_eq!(plan.resume_offset, 900);
         assert_eq!(plan.introduced.state, 12.5 + 100.0 * 2.0);
         // A clean marker whose offsets moved on (the commit is elsewhere) is no
         // clean continuation either.
-        assert!(RecoveryPlan::decide(Some(&marker(true)), Some(1200), 0, &policy(), c).counted_failure);
-        assert!(!RecoveryPlan::decide(None, None, 5, &policy(), c).counted_failure);
-        assert!(RecoveryPlan::decide(None, Some(5), 0, &policy(), c).counted_failure);
+        assert!(
+            RecoveryPlan::decide(Mode::Approximate, Some(&marker(true)), Some(1200), 0, &policy(), c).counted_failure
+        );
+        assert!(!RecoveryPlan::decide(Mode::Approximate, None, None, 5, &policy(), c).counted_failure);
+        assert!(RecoveryPlan::decide(Mode::Approximate, None, Some(5), 0, &policy(), c).counted_failure);
     }
 }

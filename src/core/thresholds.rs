@@ -44,7 +44,11 @@ impl GlobalThresholds {
             return Err(invalid("theta", theta, "NaN bounds nothing"));
         }
         if theta.is_infinite() {
-            return Err(invalid("theta", theta, "must be finite; use mode `none` for no backups"));
+            return Err(invalid(
+                "theta",
+                theta,
+                "must be finite; use mode `none` for no backups",
+            ));
         }
         if theta < 0.0 {
             return Err(invalid("theta", theta, "a divergence is never negative"));
@@ -57,7 +61,11 @@ impl GlobalThresholds {
             ));
         }
         if outputs == 0 {
-            return Err(invalid("outputs (Γ)", outputs, "must be at least 1 or no output can be sent"));
+            return Err(invalid(
+                "outputs (Γ)",
+                outputs,
+                "must be at least 1 or no output can be sent",
+            ));
         }
         Ok(GlobalThresholds { theta, items, outputs })
     }
@@ -142,7 +150,11 @@ impl Default for Placement {
 impl Placement {
     pub fn validate(&self) -> Result<(), CoreError> {
         if self.parallelism == 0 {
-            return Err(CoreError::parameter("parallelism", 0, "an operator has at least one task"));
+            return Err(CoreError::parameter(
+                "parallelism",
+                0,
+                "an operator has at least one task",
+            ));
         }
         if self.stages == 0 || self.stage == 0 || self.stage > self.stages {
             return Err(CoreError::parameter(
@@ -302,7 +314,13 @@ mod tests {
 
     #[test]
     fn invalid_thresholds_are_typed_errors() {
-        for (theta, items, outputs) in [(f64::NAN, 1, 1), (-1.0, 1, 1), (f64::INFINITY, 1, 1), (1.0, 0, 1), (1.0, 1, 0)] {
+        for (theta, items, outputs) in [
+            (f64::NAN, 1, 1),
+            (-1.0, 1, 1),
+            (f64::INFINITY, 1, 1),
+            (1.0, 0, 1),
+            (1.0, 1, 0),
+        ] {
             let err = GlobalThresholds::new(theta, items, outputs).unwrap_err();
             assert!(matches!(err, CoreError::InvalidThreshold { .. }), "{err}");
             assert!(!err.to_string().is_empty());
@@ -372,8 +390,17 @@ mod tests {
         let failures = [10, 150, 260];
         assert_eq!(WindowPolicy::Unbounded.effective_failures(&failures, 300), 3);
         assert_eq!(WindowPolicy::Decaying.effective_failures(&failures, 300), 3);
-        assert_eq!(WindowPolicy::Hopping { length: 100 }.effective_failures(&failures, 270), 1);
-        assert_eq!(WindowPolicy::Hopping { length: 100 }.effective_failures(&failures, 300), 0);
-        assert_eq!(WindowPolicy::Sliding { length: 200 }.effective_failures(&failures, 300), 2);
+        assert_eq!(
+            WindowPolicy::Hopping { length: 100 }.effective_failures(&failures, 270),
+            1
+        );
+        assert_eq!(
+            WindowPolicy::Hopping { length: 100 }.effective_failures(&failures, 300),
+            0
+        );
+        assert_eq!(
+            WindowPolicy::Sliding { length: 200 }.effective_failures(&failures, 300),
+            2
+        );
     }
 }

@@ -95,10 +95,18 @@ impl HeavyHitters {
             return Err(CoreError::parameter("depth", config.depth, "between 1 and 64 rows"));
         }
         if config.width == 0 {
-            return Err(CoreError::parameter("width", config.width, "at least one counter per row"));
+            return Err(CoreError::parameter(
+                "width",
+                config.width,
+                "at least one counter per row",
+            ));
         }
         if config.max_weight == 0 {
-            return Err(CoreError::parameter("max_weight", config.max_weight, "packets weigh at least one byte"));
+            return Err(CoreError::parameter(
+                "max_weight",
+                config.max_weight,
+                "packets weigh at least one byte",
+            ));
         }
         match config.threshold {
             HitterThreshold::Bytes(b) if !(b.is_finite() && b > 0.0) => {
@@ -202,7 +210,12 @@ impl Operator for HeavyHitters {
     }
 
     fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
-        backup_all(&mut [&mut self.sketch, &mut self.total, &mut self.reported], seq, scope, out);
+        backup_all(
+            &mut [&mut self.sketch, &mut self.total, &mut self.reported],
+            seq,
+            scope,
+            out,
+        );
     }
 
     fn acknowledge_backup(&mut self, seq: u64) {
@@ -240,8 +253,16 @@ pub struct DetectionAccuracy {
 /// Scores detected heavy hitters against the exact ones. Empty sets score 1.
 pub fn detection_accuracy<T: Eq + std::hash::Hash>(detected: &HashSet<T>, truth: &HashSet<T>) -> DetectionAccuracy {
     let hits = detected.intersection(truth).count() as f64;
-    let precision = if detected.is_empty() { 1.0 } else { hits / detected.len() as f64 };
-    let recall = if truth.is_empty() { 1.0 } else { hits / truth.len() as f64 };
+    let precision = if detected.is_empty() {
+        1.0
+    } else {
+        hits / detected.len() as f64
+    };
+    let recall = if truth.is_empty() {
+        1.0
+    } else {
+        hits / truth.len() as f64
+    };
     let f1 = if precision + recall == 0.0 {
         0.0
     } else {
@@ -294,10 +315,22 @@ mod tests {
     #[test]
     fn bad_parameters_are_errors() {
         for config in [
-            HeavyHitterConfig { depth: 0, ..Default::default() },
-            HeavyHitterConfig { width: 0, ..Default::default() },
-            HeavyHitterConfig { threshold: HitterThreshold::Fraction(1.5), ..Default::default() },
-            HeavyHitterConfig { threshold: HitterThreshold::Bytes(f64::NAN), ..Default::default() },
+            HeavyHitterConfig {
+                depth: 0,
+                ..Default::default()
+            },
+            HeavyHitterConfig {
+                width: 0,
+                ..Default::default()
+            },
+            HeavyHitterConfig {
+                threshold: HitterThreshold::Fraction(1.5),
+                ..Default::default()
+            },
+            HeavyHitterConfig {
+                threshold: HitterThreshold::Bytes(f64::NAN),
+                ..Default::default()
+            },
         ] {
             assert!(HeavyHitters::new(config).is_err());
         }

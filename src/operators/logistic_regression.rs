@@ -82,10 +82,18 @@ fn sigmoid(z: f64) -> f64 {
 impl OnlineLogisticRegression {
     pub fn new(config: LogisticConfig) -> Result<Self, CoreError> {
         if !(1..=30).contains(&config.feature_bits) {
-            return Err(CoreError::parameter("feature_bits", config.feature_bits, "between 1 and 30"));
+            return Err(CoreError::parameter(
+                "feature_bits",
+                config.feature_bits,
+                "between 1 and 30",
+            ));
         }
         if !(config.learning_rate.is_finite() && config.learning_rate > 0.0) {
-            return Err(CoreError::parameter("learning_rate", config.learning_rate, "a positive number"));
+            return Err(CoreError::parameter(
+                "learning_rate",
+                config.learning_rate,
+                "a positive number",
+            ));
         }
         if !(config.max_feature_norm.is_finite() && config.max_feature_norm > 0.0) {
             return Err(CoreError::parameter(
@@ -184,7 +192,9 @@ impl Operator for OnlineLogisticRegression {
         let mut norm2 = 1.0; // the bias input
         for &(feature, x) in &item.features {
             if !x.is_finite() {
-                return Err(Rejected(format!("feature {feature} has value {x}, not a finite number")));
+                return Err(Rejected(format!(
+                    "feature {feature} has value {x}, not a finite number"
+                )));
             }
             norm2 += x * x;
         }
@@ -234,11 +244,17 @@ impl Operator for OnlineLogisticRegression {
     }
 
     fn acknowledge_backup(&mut self, seq: u64) {
-        acknowledge_all(&mut [&mut self.weights, &mut self.steps, &mut self.correct, &mut self.loss], seq);
+        acknowledge_all(
+            &mut [&mut self.weights, &mut self.steps, &mut self.correct, &mut self.loss],
+            seq,
+        );
     }
 
     fn fail_backup(&mut self, seq: u64) {
-        fail_all(&mut [&mut self.weights, &mut self.steps, &mut self.correct, &mut self.loss], seq);
+        fail_all(
+            &mut [&mut self.weights, &mut self.steps, &mut self.correct, &mut self.loss],
+            seq,
+        );
     }
 
     fn restore(&mut self, entries: &[BackupEntry]) -> Result<(), CoreError> {

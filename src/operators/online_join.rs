@@ -189,8 +189,7 @@ impl Operator for OnlineJoin {
             self.sums.add(&(tuple.key, mine), tuple.value);
             self.raw_count += other_count;
             self.raw_sum += tuple.value * other_count + other_sum;
-            self.raw_variance +=
-                self.key_variance(before + 1.0, other_count) - self.key_variance(before, other_count);
+            self.raw_variance += self.key_variance(before + 1.0, other_count) - self.key_variance(before, other_count);
             self.sampled += 1;
         }
         self.since_emit += 1;

@@ -48,7 +48,11 @@ impl WordCount {
     pub fn new(config: WordCountConfig) -> Result<Self, CoreError> {
         let norm = table_norm(config.divergence)?;
         if config.max_words_per_line == 0 {
-            return Err(CoreError::parameter("max_words_per_line", 0, "a line may hold at least one word"));
+            return Err(CoreError::parameter(
+                "max_words_per_line",
+                0,
+                "a line may hold at least one word",
+            ));
         }
         Ok(WordCount {
             config,

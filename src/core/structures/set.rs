@@ -107,7 +107,9 @@ impl<K: TableKey> Tracked for TrackedSet<K> {
 
     fn acknowledge(&mut self, seq: u64) {
         while self.pending.front().is_some_and(|(s, _)| *s <= seq) {
-            let Some((_, snapshot)) = self.pending.pop_front() else { break };
+            let Some((_, snapshot)) = self.pending.pop_front() else {
+                break;
+            };
             for (member, present) in snapshot {
                 if self.members.contains(&member) == present {
                     self.changed.remove(&member);

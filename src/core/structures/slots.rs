@@ -297,7 +297,9 @@ impl DriftSlots {
         let Some(position) = self.pending.iter().position(|p| p.seq == seq) else {
             return;
         };
-        let Some(failed) = self.pending.remove(position) else { return };
+        let Some(failed) = self.pending.remove(position) else {
+            return;
+        };
         if self.norm != Norm::Max {
             for (index, _) in failed.values {
                 self.mark_dirty(index);

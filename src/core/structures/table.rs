@@ -203,6 +203,8 @@ impl<K: TableKey> Tracked for TrackedTable<K> {
         let key = K::read_key(entry.key_body())?;
         let value = match &entry.value {
             Some(bytes) => decode_f64(bytes)?,
+            // A deletion of a key this table never held leaves no key behind.
+            None if !self.index.contains_key(&key) => return Ok(()),
             None => 0.0,
         };
         let slot = self.slot_of(&key);

@@ -23,7 +23,11 @@ impl TrackedVector {
             ));
         }
         if len > u32::MAX as usize {
-            return Err(CoreError::parameter("len", len, "vectors hold at most 2^32 - 1 entries"));
+            return Err(CoreError::parameter(
+                "len",
+                len,
+                "vectors hold at most 2^32 - 1 entries",
+            ));
         }
         Ok(TrackedVector {
             tag,
