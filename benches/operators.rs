@@ -45,7 +45,7 @@ impl<O: Operator> Engine<O> {
         };
         let mut actions = Vec::new();
         let controller = TaskController::start(config, &RecoveryPlan::fresh(0), 0, &mut actions).expect("start");
-        operator.set_theta(controller.thresholds().theta);
+        operator.set_theta(controller.operator_theta());
         Engine {
             operator,
             controller,

@@ -162,6 +162,9 @@ pub struct TaskController {
     unacked_outputs: u64,
     interval_items: u64,
     interval_started_ms: u64,
+    /// Approximate mode: the item count at which the next regular commit is due
+    /// (⌈l/2⌉ past the highest commit issued).
+    next_commit_due: u64,
     /// Exact mode: an interval ended; input waits until every output is
     /// acknowledged and no backup is in flight, then the backup is taken.
     barrier: bool,
@@ -201,7 +204,9 @@ impl TaskController {
             interval_items: 0,
             interval_started_ms: now_ms,
             barrier: false,
+            next_commit_due: 0,
         };
+        controller.schedule_next_commit();
         if plan.counted_failure && controller.mode != Mode::None {
             controller.phase = Phase::Recovering;
             controller.issue_backup(BackupScope::Complete, false, actions);
@@ -211,6 +216,15 @@ impl TaskController {
 
     pub fn thresholds(&self) -> TaskThresholds {
         self.thresholds
+    }
+
+    /// The θ to give the operator: the task's θ, or infinity in mode none, where no
+    /// backup ever moves the baseline and flagging drifted entries would be waste.
+    pub fn operator_theta(&self) -> f64 {
+        match self.mode {
+            Mode::None => f64::INFINITY,
+            _ => self.thresholds.theta,
+        }
     }
 
     pub fn failures(&self) -> u32 {
@@ -226,6 +240,7 @@ impl TaskController {
     /// to the operator.
     pub fn set_effective_failures(&mut self, failures: u32) -> TaskThresholds {
         self.thresholds = self.policy.for_failures(failures);
+        self.schedule_next_commit();
         self.thresholds
     }
 
@@ -252,6 +267,7 @@ impl TaskController {
 
     /// An item at `offset` was processed and made `outputs` outputs (now in flight);
     /// `divergence` is the operator's divergence after it.
+    #[inline]
     pub fn item_processed(
         &mut self,
         offset: u64,
@@ -286,7 +302,10 @@ impl TaskController {
                         self.issue_backup(BackupScope::Drifted, false, actions);
                     }
                 }
-                self.maybe_commit(false, actions);
+                // The common case, kept to one comparison: no commit due yet.
+                if self.processed.items >= self.next_commit_due {
+                    self.maybe_commit(false, actions);
+                }
             }
             Mode::Exact(interval) => {
                 self.interval_items += 1;
@@ -368,15 +387,22 @@ impl TaskController {
         }
     }
 
+    fn commit_lead(&self) -> u64 {
+        self.thresholds.items.div_ceil(2).max(1)
+    }
+
+    fn schedule_next_commit(&mut self) {
+        self.next_commit_due = self.highest_commit().items + self.commit_lead();
+    }
+
     fn maybe_commit(&mut self, force: bool, actions: &mut Vec<Action>) {
         if self.mode != Mode::Approximate || self.phase != Phase::Running {
             return;
         }
-        let lead = self.thresholds.items.div_ceil(2).max(1);
-        let uncommitted = self.processed.items - self.highest_commit().items;
-        if force || uncommitted >= lead {
+        if force || self.processed.items >= self.next_commit_due {
             self.issue_commit(self.safe, actions);
         }
+        self.schedule_next_commit();
     }
 
     /// Backup `seq` was acknowledged; `divergence` is the operator's divergence after

@@ -145,7 +145,7 @@ where
         let mut actions = Vec::new();
         let controller = TaskController::start(config, &RecoveryPlan::fresh(0), 0, &mut actions)?;
         let mut operator = build();
-        operator.set_theta(controller.thresholds().theta);
+        operator.set_theta(controller.operator_theta());
         let rng = StdRng::seed_from_u64(options.seed);
         let mut task = SimulatedTask {
             config,
@@ -359,7 +359,7 @@ where
         );
         let mut actions = Vec::new();
         self.controller = TaskController::start(self.config, &plan, self.step, &mut actions)?;
-        operator.set_theta(self.controller.thresholds().theta);
+        operator.set_theta(self.controller.operator_theta());
         self.operator = operator;
         self.next_offset = plan.resume_offset;
         self.report.recoveries.push(RecoveryRecord {

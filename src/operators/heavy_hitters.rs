@@ -197,6 +197,7 @@ impl Operator for HeavyHitters {
         Ok(())
     }
 
+    #[inline]
     fn divergence(&self) -> f64 {
         self.sketch.divergence()
     }

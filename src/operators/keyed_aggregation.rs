@@ -129,6 +129,7 @@ impl Operator for KeyedAggregation {
         Ok(())
     }
 
+    #[inline]
     fn divergence(&self) -> f64 {
         self.table.divergence()
     }

@@ -222,6 +222,7 @@ impl Operator for OnlineLogisticRegression {
         Ok(())
     }
 
+    #[inline]
     fn divergence(&self) -> f64 {
         self.weights.divergence()
     }

@@ -200,6 +200,7 @@ impl Operator for OnlineJoin {
         Ok(())
     }
 
+    #[inline]
     fn divergence(&self) -> f64 {
         self.counts.divergence()
     }

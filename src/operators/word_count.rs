@@ -94,6 +94,7 @@ impl Operator for WordCount {
         Ok(())
     }
 
+    #[inline]
     fn divergence(&self) -> f64 {
         self.counts.divergence()
     }

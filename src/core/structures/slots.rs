@@ -128,8 +128,8 @@ impl DriftSlots {
                 let drift = (value - backed).abs();
                 self.running_max = self.running_max.max(drift);
                 self.since_complete = self.since_complete.max(drift);
-                if drift > self.theta {
-                    self.flag_over(index, drift);
+                if drift > self.theta || self.flags[index as usize] & OVER != 0 {
+                    self.update_over(index, drift);
                 }
             }
         }
@@ -142,6 +142,35 @@ impl DriftSlots {
             *flags |= DIRTY;
             self.dirty.push(index);
         }
+    }
+
+    /// Keeps the over-θ list and its maximum exact when a slot over θ, or one
+    /// flagged before, changes. Only such slots take this path.
+    #[cold]
+    fn update_over(&mut self, index: u32, drift: f64) {
+        let flagged = self.flags[index as usize] & OVER != 0;
+        if drift > self.theta {
+            if !flagged {
+                self.flags[index as usize] |= OVER;
+                self.over.push(index);
+            }
+            if drift >= self.over_max {
+                self.over_max = drift;
+                return;
+            }
+        } else {
+            // Moved back within θ: no backup owes it any more.
+            self.flags[index as usize] &= !OVER;
+            self.over.retain(|&i| i != index);
+        }
+        self.over_max = self
+            .over
+            .iter()
+            .map(|&i| {
+                let slot = self.slots[i as usize];
+                (slot.live - slot.backed).abs()
+            })
+            .fold(0.0, f64::max);
     }
 
     #[cold]
@@ -159,6 +188,7 @@ impl DriftSlots {
     /// Exact for L1, L2 and key count. For the max difference it is exact whenever
     /// it exceeds θ (the only case that triggers a backup) and otherwise an upper
     /// bound that never exceeds θ once a partial backup left small drifts behind.
+    #[inline]
     pub fn divergence(&self) -> f64 {
         match self.norm {
             Norm::L1 | Norm::KeyCount => self.sum.max(0.0),

@@ -169,6 +169,7 @@ impl<K: TableKey> Tracked for TrackedTable<K> {
         self.tag
     }
 
+    #[inline]
     fn divergence(&self) -> f64 {
         self.slots.divergence()
     }

@@ -50,6 +50,7 @@ impl Tracked for TrackedValue {
         self.tag
     }
 
+    #[inline]
     fn divergence(&self) -> f64 {
         (self.live - self.backed).abs()
     }

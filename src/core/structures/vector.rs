@@ -77,6 +77,7 @@ impl Tracked for TrackedVector {
         self.tag
     }
 
+    #[inline]
     fn divergence(&self) -> f64 {
         self.slots.divergence()
     }
