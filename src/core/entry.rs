@@ -11,7 +11,14 @@
 //! The version byte lets a newer build refuse, with a clear error, entries it cannot
 //! read instead of misreading them.
 
+use smallvec::SmallVec;
+
 use super::error::CoreError;
+
+/// The bytes of an entry's key or value. Most keys and values are short (a tag and
+/// an index, a version and an f64), so they stay inline: backups are on the hot
+/// path and would otherwise allocate twice per entry.
+pub type EntryBytes = SmallVec<[u8; 24]>;
 
 /// The encoding version this build writes and reads.
 pub const ENCODING_VERSION: u8 = 1;
@@ -22,9 +29,9 @@ pub const MARKER_TAG: u8 = 0;
 /// One keyed record of a backup.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct BackupEntry {
-    pub key: Vec<u8>,
+    pub key: EntryBytes,
     /// `None` deletes the key.
-    pub value: Option<Vec<u8>>,
+    pub value: Option<EntryBytes>,
 }
 
 impl BackupEntry {
@@ -43,21 +50,21 @@ impl BackupEntry {
 
     /// Approximate size on the wire, for accounting.
     pub fn encoded_len(&self) -> usize {
-        self.key.len() + self.value.as_ref().map_or(0, Vec::len)
+        self.key.len() + self.value.as_ref().map_or(0, |v| v.len())
     }
 }
 
 /// Builds an entry key from a structure tag and a key body.
-pub fn entry_key(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut key = Vec::with_capacity(1 + body.len());
+pub fn entry_key(tag: u8, body: &[u8]) -> EntryBytes {
+    let mut key = EntryBytes::with_capacity(1 + body.len());
     key.push(tag);
     key.extend_from_slice(body);
     key
 }
 
 /// Encodes a versioned payload.
-pub fn versioned(payload: &[u8]) -> Vec<u8> {
-    let mut value = Vec::with_capacity(1 + payload.len());
+pub fn versioned(payload: &[u8]) -> EntryBytes {
+    let mut value = EntryBytes::with_capacity(1 + payload.len());
     value.push(ENCODING_VERSION);
     value.extend_from_slice(payload);
     value
@@ -76,7 +83,7 @@ pub fn payload(value: &[u8]) -> Result<&[u8], CoreError> {
 }
 
 /// A versioned `f64` value, the unit of every numeric structure.
-pub fn encode_f64(value: f64) -> Vec<u8> {
+pub fn encode_f64(value: f64) -> EntryBytes {
     versioned(&value.to_le_bytes())
 }
 

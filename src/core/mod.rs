@@ -18,7 +18,7 @@ pub mod structures;
 pub mod thresholds;
 
 pub use controller::{Action, Blocked, ControllerConfig, ExactInterval, Mode, Position, TaskController};
-pub use entry::BackupEntry;
+pub use entry::{BackupEntry, EntryBytes};
 pub use error::CoreError;
 pub use operator::{AnalysisConstants, BackupScope, Operator, Rejected};
 pub use recovery::{BackupMarker, RecoveryPlan};

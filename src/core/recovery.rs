@@ -7,7 +7,7 @@
 //! thresholds halve.
 
 use super::controller::Mode;
-use super::entry::{entry_key, payload, versioned, BackupEntry, PayloadReader, MARKER_TAG};
+use super::entry::{entry_key, payload, versioned, BackupEntry, EntryBytes, PayloadReader, MARKER_TAG};
 use super::error::CoreError;
 use super::operator::AnalysisConstants;
 use super::thresholds::{ErrorBound, TaskThresholds, ThresholdPolicy};
@@ -29,7 +29,7 @@ pub struct BackupMarker {
 
 impl BackupMarker {
     /// The key of the marker record; one key, so compaction keeps the last marker.
-    pub fn key() -> Vec<u8> {
+    pub fn key() -> EntryBytes {
         entry_key(MARKER_TAG, b"marker")
     }
 

@@ -7,18 +7,18 @@ use rustc_hash::FxHashMap;
 
 use super::slots::DriftSlots;
 use super::{check_tag, Norm, Tracked};
-use crate::core::entry::{decode_f64, encode_f64, entry_key, BackupEntry};
+use crate::core::entry::{decode_f64, encode_f64, entry_key, BackupEntry, EntryBytes};
 use crate::core::error::CoreError;
 use crate::core::operator::BackupScope;
 
 /// A key a [`TrackedTable`] can write into a backup entry and read back.
 pub trait TableKey: Clone + Eq + Hash {
-    fn write_key(&self, out: &mut Vec<u8>);
+    fn write_key(&self, out: &mut EntryBytes);
     fn read_key(bytes: &[u8]) -> Result<Self, CoreError>;
 }
 
 impl TableKey for Vec<u8> {
-    fn write_key(&self, out: &mut Vec<u8>) {
+    fn write_key(&self, out: &mut EntryBytes) {
         out.extend_from_slice(self);
     }
     fn read_key(bytes: &[u8]) -> Result<Self, CoreError> {
@@ -27,7 +27,7 @@ impl TableKey for Vec<u8> {
 }
 
 impl TableKey for String {
-    fn write_key(&self, out: &mut Vec<u8>) {
+    fn write_key(&self, out: &mut EntryBytes) {
         out.extend_from_slice(self.as_bytes());
     }
     fn read_key(bytes: &[u8]) -> Result<Self, CoreError> {
@@ -36,7 +36,7 @@ impl TableKey for String {
 }
 
 impl TableKey for u64 {
-    fn write_key(&self, out: &mut Vec<u8>) {
+    fn write_key(&self, out: &mut EntryBytes) {
         out.extend_from_slice(&self.to_be_bytes());
     }
     fn read_key(bytes: &[u8]) -> Result<Self, CoreError> {
@@ -48,7 +48,7 @@ impl TableKey for u64 {
 }
 
 impl TableKey for (u64, u8) {
-    fn write_key(&self, out: &mut Vec<u8>) {
+    fn write_key(&self, out: &mut EntryBytes) {
         out.extend_from_slice(&self.0.to_be_bytes());
         out.push(self.1);
     }
