@@ -8,8 +8,7 @@
 use std::hint::black_box;
 
 use afstream::core::{
-    Action, BackupEntry, ControllerConfig, FailurePolicy, GlobalThresholds, Mode, Operator, Placement, RecoveryPlan,
-    TaskController, ThresholdPolicy,
+    Action, BackupEntry, ControllerConfig, GlobalThresholds, Mode, Operator, RecoveryPlan, TaskController,
 };
 use afstream::operators::*;
 use afstream::workloads;
@@ -28,21 +27,9 @@ struct Engine<O: Operator> {
 
 impl<O: Operator> Engine<O> {
     fn new(mut operator: O, mode: Mode, theta: f64, items: u64, outputs: u64) -> Self {
-        let constants = operator.constants();
         let global = GlobalThresholds::new(theta, items, outputs).expect("valid thresholds");
-        let policy = ThresholdPolicy::new(
-            global,
-            FailurePolicy::Halving,
-            Placement::default(),
-            operator.norm().is_additive(),
-            constants,
-        )
-        .expect("valid policy");
-        let config = ControllerConfig {
-            mode,
-            policy,
-            constants,
-        };
+        let config = ControllerConfig::single_task(mode, global, operator.constants(), operator.norm().is_additive())
+            .expect("valid policy");
         let mut actions = Vec::new();
         let controller = TaskController::start(config, &RecoveryPlan::fresh(0), 0, &mut actions).expect("start");
         operator.set_theta(controller.operator_theta());

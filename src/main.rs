@@ -4,10 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::process::ExitCode;
 
 use afstream::core::harness::{simulate, SimulationOptions, SimulationReport};
-use afstream::core::{
-    ControllerConfig, CoreError, ExactInterval, FailurePolicy, GlobalThresholds, Mode, Operator, Placement,
-    ThresholdPolicy,
-};
+use afstream::core::{ControllerConfig, CoreError, ExactInterval, GlobalThresholds, Mode, Operator};
 use afstream::operators::heavy_hitters::detection_accuracy;
 use afstream::operators::online_join::{exact_join, relative_error};
 use afstream::operators::*;
@@ -95,15 +92,7 @@ fn main() -> ExitCode {
 }
 
 fn controller_config(op: &impl Operator, args: &SimulateArgs, theta: f64) -> Result<ControllerConfig, CoreError> {
-    let constants = op.constants();
     let global = GlobalThresholds::new(theta, args.max_uncovered, args.max_unacked)?;
-    let policy = ThresholdPolicy::new(
-        global,
-        FailurePolicy::Halving,
-        Placement::default(),
-        op.norm().is_additive(),
-        constants,
-    )?;
     let mode = match args.mode {
         ModeArg::None => Mode::None,
         ModeArg::Approximate => Mode::Approximate,
@@ -112,11 +101,7 @@ fn controller_config(op: &impl Operator, args: &SimulateArgs, theta: f64) -> Res
             millis: None,
         }),
     };
-    Ok(ControllerConfig {
-        mode,
-        policy,
-        constants,
-    })
+    ControllerConfig::single_task(mode, global, op.constants(), op.norm().is_additive())
 }
 
 struct Outcome<O> {

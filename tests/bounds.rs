@@ -7,29 +7,14 @@
 //! failure-free run, and that a store which drops backups is caught.
 
 use afstream::core::harness::{simulate, SimulationOptions, SimulationReport, Violation};
-use afstream::core::{
-    ControllerConfig, ExactInterval, FailurePolicy, GlobalThresholds, Mode, Operator, Placement, ThresholdPolicy,
-};
+use afstream::core::{ControllerConfig, ExactInterval, GlobalThresholds, Mode, Operator};
 use afstream::operators::*;
 use afstream::workloads;
 use proptest::prelude::*;
 
 fn controller(op: &impl Operator, mode: Mode, theta: f64, items: u64, outputs: u64) -> ControllerConfig {
-    let constants = op.constants();
     let global = GlobalThresholds::new(theta, items, outputs).unwrap();
-    let policy = ThresholdPolicy::new(
-        global,
-        FailurePolicy::Halving,
-        Placement::default(),
-        op.norm().is_additive(),
-        constants,
-    )
-    .unwrap();
-    ControllerConfig {
-        mode,
-        policy,
-        constants,
-    }
+    ControllerConfig::single_task(mode, global, op.constants(), op.norm().is_additive()).unwrap()
 }
 
 #[derive(Clone, Debug)]

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use super::error::CoreError;
 use super::operator::{AnalysisConstants, BackupScope};
 use super::recovery::{BackupMarker, RecoveryPlan};
-use super::thresholds::{ErrorBound, TaskThresholds, ThresholdPolicy};
+use super::thresholds::{ErrorBound, FailurePolicy, GlobalThresholds, Placement, TaskThresholds, ThresholdPolicy};
 
 /// A position in a task's input: the next offset to read, and how many items the
 /// task has processed to get there (offsets need not be contiguous).
@@ -140,6 +140,30 @@ pub struct ControllerConfig {
     pub mode: Mode,
     pub policy: ThresholdPolicy,
     pub constants: AnalysisConstants,
+}
+
+impl ControllerConfig {
+    /// The configuration of a lone task (one partition, one stage) of an operator
+    /// with these constants, under the halving policy.
+    pub fn single_task(
+        mode: Mode,
+        global: GlobalThresholds,
+        constants: AnalysisConstants,
+        additive: bool,
+    ) -> Result<Self, CoreError> {
+        let policy = ThresholdPolicy::new(
+            global,
+            FailurePolicy::Halving,
+            Placement::default(),
+            additive,
+            constants,
+        )?;
+        Ok(ControllerConfig {
+            mode,
+            policy,
+            constants,
+        })
+    }
 }
 
 /// The decision logic of one task.

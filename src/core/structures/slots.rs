@@ -163,14 +163,17 @@ impl DriftSlots {
             self.flags[index as usize] &= !OVER;
             self.over.retain(|&i| i != index);
         }
-        self.over_max = self
-            .over
+        self.over_max = self.largest_over_drift();
+    }
+
+    fn largest_over_drift(&self) -> f64 {
+        self.over
             .iter()
             .map(|&i| {
                 let slot = self.slots[i as usize];
                 (slot.live - slot.backed).abs()
             })
-            .fold(0.0, f64::max);
+            .fold(0.0, f64::max)
     }
 
     #[cold]
@@ -280,14 +283,7 @@ impl DriftSlots {
         if self.norm == Norm::Max {
             let flags = &self.flags;
             self.over.retain(|&i| flags[i as usize] & OVER != 0);
-            self.over_max = self
-                .over
-                .iter()
-                .map(|&i| {
-                    let slot = self.slots[i as usize];
-                    (slot.live - slot.backed).abs()
-                })
-                .fold(0.0, f64::max);
+            self.over_max = self.largest_over_drift();
         }
     }
 
