@@ -102,10 +102,10 @@ struct InFlightBackup {
     fails: bool,
 }
 
-struct PendingCheck {
+struct PendingCheck<O> {
     crash: usize,
     offset: u64,
-    lost: Box<dyn std::any::Any>,
+    lost: O,
 }
 
 /// The simulated task: operator, controller and the broker's side of things.
@@ -126,7 +126,7 @@ pub struct SimulatedTask<'a, O: Operator> {
     /// Delivered outputs with the offset of their item.
     pub sink: Vec<(u64, O::Output)>,
     report: SimulationReport,
-    checks: Vec<PendingCheck>,
+    checks: Vec<PendingCheck<O>>,
     failure_bounds: Vec<f64>,
     /// Entries the next backup writes first, undoing a crashed backup's tail.
     repair: Vec<BackupEntry>,
@@ -134,7 +134,7 @@ pub struct SimulatedTask<'a, O: Operator> {
 
 impl<'a, O> SimulatedTask<'a, O>
 where
-    O: Operator + Clone + 'static,
+    O: Operator + Clone,
     O::Output: Clone,
 {
     pub fn new(
@@ -216,6 +216,11 @@ where
         }
     }
 
+    /// The broker keeps the highest committed offset.
+    fn record_commit(&mut self, offset: u64) {
+        self.committed = Some(self.committed.map_or(offset, |c| c.max(offset)));
+    }
+
     fn persist_prefix(&mut self, records: &[BackupEntry]) {
         if self.options.drop_backups {
             return;
@@ -263,7 +268,7 @@ where
                 break;
             };
             delivered = true;
-            self.committed = Some(self.committed.map_or(offset, |c| c.max(offset)));
+            self.record_commit(offset);
             self.controller.commit_acknowledged(offset, &mut actions);
         }
         let mut index = 0;
@@ -297,8 +302,9 @@ where
             self.persist_prefix(&backup.what.records);
         }
         let keep = self.rng.gen_range(0..=self.commits.len());
-        for Due { what: offset, .. } in self.commits.drain(..).take(keep) {
-            self.committed = Some(self.committed.map_or(offset, |c| c.max(offset)));
+        let persisted: Vec<u64> = self.commits.drain(..).take(keep).map(|c| c.what).collect();
+        for offset in persisted {
+            self.record_commit(offset);
         }
         let committed = self.committed.unwrap_or(0);
         let outputs: Vec<_> = self.outputs.drain(..).collect();
@@ -339,7 +345,7 @@ where
         self.checks.push(PendingCheck {
             crash,
             offset: processed.offset,
-            lost: Box::new(lost),
+            lost,
         });
 
         // Recovery: a fresh operator restored from the changelog, resuming at the
@@ -385,10 +391,7 @@ where
             let check = self.checks.remove(index);
             // Every failure since this crash adds its own bound.
             let bound: f64 = self.failure_bounds[check.crash..].iter().sum();
-            let Some(lost) = check.lost.downcast_ref::<O>() else {
-                continue;
-            };
-            let observed = self.operator.distance(lost);
+            let observed = self.operator.distance(&check.lost);
             if let Some(record) = self.report.recoveries.get_mut(check.crash) {
                 record.observed = Some(observed);
             }
@@ -493,7 +496,7 @@ pub fn simulate<O>(
     options: SimulationOptions,
 ) -> Result<(O, SimulationReport), CoreError>
 where
-    O: Operator + Clone + 'static,
+    O: Operator + Clone,
     O::Output: Clone,
 {
     SimulatedTask::new(config, build, options)?.run(stream)

@@ -176,16 +176,6 @@ impl DriftSlots {
             .fold(0.0, f64::max)
     }
 
-    #[cold]
-    fn flag_over(&mut self, index: u32, drift: f64) {
-        self.over_max = self.over_max.max(drift);
-        let flags = &mut self.flags[index as usize];
-        if *flags & OVER == 0 {
-            *flags |= OVER;
-            self.over.push(index);
-        }
-    }
-
     /// The divergence from the last acknowledged backup.
     ///
     /// Exact for L1, L2 and key count. For the max difference it is exact whenever
@@ -222,7 +212,7 @@ impl DriftSlots {
             let slot = self.slots[index];
             let drift = (slot.live - slot.backed).abs();
             if drift > theta {
-                self.flag_over(index as u32, drift);
+                self.update_over(index as u32, drift);
             }
         }
     }
