@@ -1,6 +1,6 @@
-//! Per-item cost of each operator with its task controller, in mode `none` and in
-//! `approximate` at the default thresholds, engine only (no broker: backups,
-//! commits and outputs are acknowledged at once). A plain Count-Min sketch with no
+//! Per-item cost of each operator run by the task driver the service uses, in
+//! mode `none` and in `approximate` at the default thresholds, engine only (no
+//! broker: backups, markers and outputs are acknowledged after each poll batch). A plain Count-Min sketch with no
 //! drift tracking at all is measured beside them as the floor.
 //!
 //! `cargo bench --bench operators` (add `-- --quick` for a short run).
@@ -8,69 +8,91 @@
 use std::hint::black_box;
 
 use afstream::core::{
-    Action, BackupEntry, ControllerConfig, GlobalThresholds, Mode, Operator, RecoveryPlan, TaskController,
+    read_changelog, Ack, BackupEntry, BackupMarker, ControllerConfig, GlobalThresholds, Mode, Operator, TaskDriver,
+    TaskIo,
 };
 use afstream::operators::*;
 use afstream::workloads;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use xxhash_rust::xxh3::xxh3_64;
 
-/// One task: the operator, its controller and reusable buffers.
-struct Engine<O: Operator> {
-    operator: O,
-    controller: TaskController,
-    next_offset: u64,
-    outputs: Vec<O::Output>,
-    actions: Vec<Action>,
-    entries: Vec<BackupEntry>,
+/// The I/O boundary of a broker that acknowledges everything at once.
+#[derive(Default)]
+struct InstantIo {
+    acks: Vec<Ack>,
 }
 
+impl<Out> TaskIo<Out> for InstantIo {
+    fn send_output(&mut self, item_offset: u64, output: Out) {
+        black_box(output);
+        self.acks.push(Ack::Output { item_offset, count: 1 });
+    }
+
+    fn write_backup(&mut self, seq: u64, entries: &[BackupEntry]) {
+        black_box(entries);
+        self.acks.push(Ack::BackupWritten(seq));
+    }
+
+    fn write_marker(&mut self, marker: &BackupMarker) {
+        black_box(marker.to_entry());
+        self.acks.push(Ack::MarkerWritten(marker.seq));
+    }
+
+    fn commit(&mut self, offset: u64) {
+        black_box(offset);
+    }
+}
+
+/// One task: the service's task driver over an instant broker, fed in poll
+/// batches of 500 items.
+struct Engine<O: Operator> {
+    driver: TaskDriver<O>,
+    io: InstantIo,
+    next_offset: u64,
+}
+
+const POLL: usize = 500;
+
 impl<O: Operator> Engine<O> {
-    fn new(mut operator: O, mode: Mode, theta: f64, items: u64, outputs: u64) -> Self {
+    fn new(operator: O, mode: Mode, theta: f64, items: u64, outputs: u64) -> Self {
         let global = GlobalThresholds::new(theta, items, outputs).expect("valid thresholds");
         let config = ControllerConfig::single_task(mode, global, operator.constants(), operator.norm().is_additive())
             .expect("valid policy");
-        let mut actions = Vec::new();
-        let controller = TaskController::start(config, &RecoveryPlan::fresh(0), 0, &mut actions).expect("start");
-        operator.set_theta(controller.operator_theta());
-        Engine {
-            operator,
-            controller,
+        let mut io = InstantIo::default();
+        let empty = read_changelog(&[]).expect("empty changelog");
+        let (driver, _) = TaskDriver::recover(config, operator, &empty, None, 0, 0, &mut io).expect("start");
+        let mut engine = Engine {
+            driver,
+            io,
             next_offset: 0,
-            outputs: Vec::new(),
-            actions,
-            entries: Vec::new(),
+        };
+        engine.deliver();
+        engine
+    }
+
+    fn deliver(&mut self) {
+        while !self.io.acks.is_empty() {
+            let acks = std::mem::take(&mut self.io.acks);
+            for ack in &acks {
+                self.driver.acknowledge(*ack, &mut self.io);
+            }
         }
     }
 
     #[inline]
     fn run(&mut self, items: &[O::Input]) {
-        for item in items {
-            let offset = self.next_offset;
-            self.next_offset += 1;
-            self.outputs.clear();
-            if self.operator.process(item, &mut self.outputs).is_err() {
-                continue;
-            }
-            let made = self.outputs.len() as u64;
-            self.controller
-                .item_processed(offset, made, self.operator.divergence(), 0, &mut self.actions);
-            if made > 0 {
-                self.controller.outputs_acknowledged(offset, made, &mut self.actions);
-            }
-            while let Some(action) = self.actions.pop() {
-                match action {
-                    Action::Backup { seq, scope, marker } => {
-                        self.entries.clear();
-                        self.operator.backup(seq, scope, &mut self.entries);
-                        self.entries.push(marker.to_entry());
-                        black_box(&self.entries);
-                        self.operator.acknowledge_backup(seq);
-                        self.controller
-                            .backup_acknowledged(seq, self.operator.divergence(), &mut self.actions);
-                    }
-                    Action::Commit { offset } => self.controller.commit_acknowledged(offset, &mut self.actions),
-                }
+        for poll in items.chunks(POLL) {
+            let mut done = 0;
+            while done < poll.len() {
+                let first = self.next_offset;
+                let batch = poll[done..]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| (first + i as u64, item));
+                let taken = self.driver.process(batch, 0, &mut self.io);
+                done += taken;
+                self.next_offset += taken as u64;
+                self.deliver();
             }
         }
     }

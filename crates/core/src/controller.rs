@@ -1,0 +1,628 @@
+//! The decision logic of one task, driven by events and free of I/O.
+//!
+//! The controller decides when to back up, when a backup's marker may be
+//! written, and when input must wait. The recovery point is the last marker in
+//! the task's changelog partition (see [`crate::recovery`]); the consumer group's
+//! committed offset follows acknowledged markers and is bookkeeping. Its rules,
+//! and why they keep a failure's error within θ + l·α (state) and γ + l·β
+//! (outputs):
+//!
+//! * **Backups.** After an item, a backup is issued when the divergence from the
+//!   last acknowledged backup exceeds θ, or ⌈l/2⌉ items have passed since the last
+//!   backup was issued (so its marker is normally back before l items are past
+//!   the last acknowledged one). At most one backup is *open* (issued, marker not
+//!   yet written): the next backup's entries go out only after the previous
+//!   marker, so the changelog after its last marker holds at most one
+//!   incomplete backup. A trigger that arrives while a backup is open waits for
+//!   it; the later backup then covers more items (an every-change changelog
+//!   coalesced per round trip, never more records than one).
+//! * **Markers.** A backup's marker (input offset P, sequence, k, thresholds) is
+//!   written once the backup's entries are acknowledged and every output of the
+//!   items before P is acknowledged: a marker never covers a lost output, and a
+//!   marker in the log implies its backup is in the log.
+//! * **Failed writes.** A backup whose write failed may still have reached the
+//!   log. Its entries are owed again (the structures re-send them whatever their
+//!   drift) and a new backup is issued at once; its marker is the first to cover
+//!   them. A failed marker is not re-sent: a new backup is issued and its marker
+//!   covers the same items.
+//! * **The window.** Input waits while l items are past the last acknowledged
+//!   marker, so a crash replays at most l items and the incomplete backup after
+//!   the last marker in the log was taken at most l items past it: the replay
+//!   applies at most l items twice (≤ l·α) on top of a state within θ of the
+//!   marker's (the backups write every drifted entry), and repeats at most l·β
+//!   outputs.
+//! * **Outputs.** Input waits while one more item could leave more than γ
+//!   outputs unacknowledged (each item makes at most β).
+//! * **Starts.** Every start writes a marker (the failure count k of a recovery,
+//!   and a non-clean marker over a clean one) before it takes input, so a crash
+//!   before the first backup is counted and k survives it.
+//! * **Exact mode** takes a complete backup every interval; its marker waits for
+//!   the outputs before it, so the state at a marker is exact and outputs are at
+//!   least once. Input waits while two intervals of items are past the last
+//!   acknowledged marker; a crash during a backup may apply those items twice to
+//!   the keys it wrote (as Kafka Streams' at-least-once mode does).
+//! * **Mode none** backs up nothing; its offset is committed at a clean stop.
+//! * **Clean stop**: no more input; once every output is acknowledged, a complete
+//!   backup and a clean marker, then a commit. A clean stop is no failure.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::CoreError;
+pub use super::mode::{ExactInterval, Mode};
+use super::operator::{AnalysisConstants, BackupScope};
+use super::recovery::{BackupMarker, RecoveryPlan};
+use super::thresholds::{ErrorBound, FailurePolicy, GlobalThresholds, Placement, TaskThresholds, ThresholdPolicy};
+
+/// A position in a task's input: the next offset to read, and how many items the
+/// task has processed in this run to get there (offsets need not be contiguous).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Position {
+    pub items: u64,
+    pub offset: u64,
+}
+
+/// What the task must do next.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Take backup `seq` of the operator with this scope and write its entries to
+    /// the changelog; report whether the write was acknowledged.
+    Backup { seq: u64, scope: BackupScope },
+    /// Write this marker to the changelog after every record written before it;
+    /// report whether it was acknowledged.
+    Marker(BackupMarker),
+    /// Bookkeeping: commit this input offset to the consumer group so tools show
+    /// lag. Nothing waits for it.
+    Commit { offset: u64 },
+}
+
+/// Why the task may not take its next item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Blocked {
+    /// γ outputs could be unacknowledged.
+    Outputs,
+    /// The window is full: l items are past the last acknowledged marker.
+    Window,
+    /// The start marker (the failure count of a recovery) is not acknowledged yet.
+    StartMarker,
+    /// The task is stopping or stopped.
+    Stopping,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// The start marker is in flight.
+    Starting,
+    Running,
+    /// No more input; the final backup and marker follow the outputs.
+    Stopping,
+    Stopped,
+}
+
+/// A backup issued whose marker is not written yet.
+#[derive(Clone, Copy, Debug)]
+struct OpenBackup {
+    seq: u64,
+    covers: Position,
+    scope: BackupScope,
+    written: bool,
+    clean: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct MarkerInFlight {
+    seq: u64,
+    covers: Position,
+    clean: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ItemOutputs {
+    /// The position just before the item: a marker may cover up to here.
+    before: Position,
+    remaining: u64,
+}
+
+/// Test-only faults that make the controller break its guarantees, so that the
+/// property tests can show they catch a controller that does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ControllerFaults {
+    /// Keep the thresholds of failure 0 after every recovery.
+    pub never_halve: bool,
+    /// Write markers without waiting for the outputs before them.
+    pub marker_before_outputs: bool,
+}
+
+/// Configuration of one task's controller.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ControllerConfig {
+    pub mode: Mode,
+    pub policy: ThresholdPolicy,
+    pub constants: AnalysisConstants,
+    faults: ControllerFaults,
+}
+
+impl ControllerConfig {
+    pub fn new(mode: Mode, policy: ThresholdPolicy, constants: AnalysisConstants) -> Self {
+        ControllerConfig {
+            mode,
+            policy,
+            constants,
+            faults: ControllerFaults::default(),
+        }
+    }
+
+    /// Turns on test-only faults.
+    #[cfg(feature = "fault-injection")]
+    pub fn with_faults(self, faults: ControllerFaults) -> Self {
+        ControllerConfig { faults, ..self }
+    }
+
+    /// The configuration of a lone task (one partition, one stage) of an operator
+    /// with these constants, under the halving policy.
+    pub fn single_task(
+        mode: Mode,
+        global: GlobalThresholds,
+        constants: AnalysisConstants,
+        additive: bool,
+    ) -> Result<Self, CoreError> {
+        let policy = ThresholdPolicy::new(
+            global,
+            FailurePolicy::Halving,
+            Placement::default(),
+            additive,
+            constants,
+        )?;
+        Ok(ControllerConfig::new(mode, policy, constants))
+    }
+}
+
+/// The decision logic of one task.
+#[derive(Clone, Debug)]
+pub struct TaskController {
+    mode: Mode,
+    policy: ThresholdPolicy,
+    constants: AnalysisConstants,
+    faults: ControllerFaults,
+    failures: u32,
+    thresholds: TaskThresholds,
+    phase: Phase,
+    processed: Position,
+    /// The position of the last backup issued.
+    last_issued: Position,
+    open: Option<OpenBackup>,
+    markers: VecDeque<MarkerInFlight>,
+    /// The position the last acknowledged marker covers.
+    marked: Position,
+    next_seq: u64,
+    outputs: VecDeque<ItemOutputs>,
+    unacked_outputs: u64,
+    /// Items between two backups issued for l.
+    lead: u64,
+    /// Items past the last acknowledged marker at which input waits.
+    window: u64,
+    /// A trigger came while a backup was open: issue when it closes.
+    deferred: bool,
+    interval_items: u64,
+    interval_started_ms: u64,
+    stalls: u64,
+}
+
+impl TaskController {
+    /// Starts a task at the position a recovery plan gives. Every start except in
+    /// mode none first writes a marker and takes no input until it is
+    /// acknowledged: a recovery's failure count survives another crash, and a
+    /// crash before the first backup of a run that started from a clean stop is
+    /// still counted.
+    pub fn start(
+        config: ControllerConfig,
+        plan: &RecoveryPlan,
+        now_ms: u64,
+        actions: &mut Vec<Action>,
+    ) -> Result<Self, CoreError> {
+        config.mode.validate()?;
+        let start = Position {
+            items: 0,
+            offset: plan.resume_offset,
+        };
+        let mut controller = TaskController {
+            mode: config.mode,
+            policy: config.policy,
+            constants: config.constants,
+            faults: config.faults,
+            failures: plan.failures,
+            thresholds: TaskThresholds {
+                theta: 0.0,
+                items: 1,
+                outputs: 1,
+            },
+            phase: Phase::Running,
+            processed: start,
+            last_issued: start,
+            open: None,
+            markers: VecDeque::new(),
+            marked: start,
+            next_seq: 0,
+            outputs: VecDeque::new(),
+            unacked_outputs: 0,
+            lead: 1,
+            window: u64::MAX,
+            deferred: false,
+            interval_items: 0,
+            interval_started_ms: now_ms,
+            stalls: 0,
+        };
+        controller.set_failures_counted(plan.failures);
+        if controller.mode != Mode::None {
+            controller.phase = Phase::Starting;
+            controller.send_marker(start, false, actions);
+        }
+        Ok(controller)
+    }
+
+    /// Derives θ, l, γ, the backup lead and the window for a failure count.
+    fn set_failures_counted(&mut self, failures: u32) {
+        let counted = if self.faults.never_halve { 0 } else { failures };
+        let halved = self.policy.for_failures(counted);
+        self.thresholds = match self.mode {
+            Mode::Exact(interval) => {
+                // Exact backups are complete (θ = 0); l is the window of items a
+                // crash during a backup may apply twice.
+                let items = interval.items.map_or(u64::MAX, |n| n.saturating_mul(2));
+                TaskThresholds {
+                    theta: 0.0,
+                    items,
+                    outputs: halved.outputs,
+                }
+            }
+            _ => halved,
+        };
+        self.lead = self.thresholds.items.div_ceil(2).max(1);
+        self.window = match self.mode {
+            Mode::None => u64::MAX,
+            _ => self.thresholds.items,
+        };
+    }
+
+    pub fn thresholds(&self) -> TaskThresholds {
+        self.thresholds
+    }
+
+    /// The θ to give the operator: the task's θ, or infinity where no backup is
+    /// ever partial (mode none backs up nothing, exact mode backs up completely)
+    /// and flagging drifted entries would be waste.
+    pub fn operator_theta(&self) -> f64 {
+        match self.mode {
+            Mode::Approximate => self.thresholds.theta,
+            _ => f64::INFINITY,
+        }
+    }
+
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Re-derives the thresholds for a number of failures that a window still counts
+    /// (see [`crate::thresholds::WindowPolicy`]). The caller passes the new θ to the
+    /// operator.
+    pub fn set_effective_failures(&mut self, failures: u32) -> TaskThresholds {
+        self.set_failures_counted(failures);
+        self.thresholds
+    }
+
+    /// Whether the next item may be taken, and if not why.
+    #[inline]
+    pub fn readiness(&self) -> Result<(), Blocked> {
+        match self.phase {
+            Phase::Starting => return Err(Blocked::StartMarker),
+            Phase::Stopping | Phase::Stopped => return Err(Blocked::Stopping),
+            Phase::Running => {}
+        }
+        if self.mode == Mode::None {
+            return Ok(());
+        }
+        if self.unacked_outputs + self.constants.beta > self.thresholds.outputs {
+            return Err(Blocked::Outputs);
+        }
+        if self.processed.items - self.marked.items >= self.window {
+            return Err(Blocked::Window);
+        }
+        Ok(())
+    }
+
+    /// The task had input but had to wait: counted for the stall figures.
+    pub fn count_stall(&mut self) {
+        self.stalls += 1;
+    }
+
+    /// How often input waited for an acknowledgement.
+    pub fn stalls(&self) -> u64 {
+        self.stalls
+    }
+
+    /// An item at `offset` was processed and made `outputs` outputs (now in flight);
+    /// `divergence` is the operator's divergence after it.
+    #[inline]
+    pub fn item_processed(
+        &mut self,
+        offset: u64,
+        outputs: u64,
+        divergence: f64,
+        now_ms: u64,
+        actions: &mut Vec<Action>,
+    ) {
+        let before = Position {
+            items: self.processed.items,
+            offset,
+        };
+        self.processed = Position {
+            items: before.items + 1,
+            offset: offset + 1,
+        };
+        if outputs > 0 {
+            self.outputs.push_back(ItemOutputs {
+                before,
+                remaining: outputs,
+            });
+            self.unacked_outputs += outputs;
+        }
+        match self.mode {
+            Mode::None => {}
+            Mode::Approximate => {
+                // The common case, kept to two comparisons: nothing due.
+                let due =
+                    divergence > self.thresholds.theta || self.processed.items - self.last_issued.items >= self.lead;
+                if due {
+                    self.trigger(BackupScope::Drifted, actions);
+                }
+            }
+            Mode::Exact(interval) => {
+                self.interval_items += 1;
+                self.exact_interval_check(interval, now_ms, actions);
+            }
+        }
+    }
+
+    /// Time passes without items: exact mode may be due for its interval backup.
+    pub fn tick(&mut self, now_ms: u64, actions: &mut Vec<Action>) {
+        if let Mode::Exact(interval) = self.mode {
+            if self.interval_items > 0 {
+                self.exact_interval_check(interval, now_ms, actions);
+            }
+        }
+    }
+
+    fn exact_interval_check(&mut self, interval: ExactInterval, now_ms: u64, actions: &mut Vec<Action>) {
+        let by_items = interval.items.is_some_and(|n| self.interval_items >= n);
+        let by_time = interval
+            .millis
+            .is_some_and(|ms| now_ms.saturating_sub(self.interval_started_ms) >= ms);
+        if by_items || by_time {
+            self.interval_items = 0;
+            self.interval_started_ms = now_ms;
+            self.trigger(BackupScope::Complete, actions);
+        }
+    }
+
+    /// A backup is due: issue it now, or when the open one's marker is written.
+    fn trigger(&mut self, scope: BackupScope, actions: &mut Vec<Action>) {
+        if self.phase != Phase::Running {
+            return;
+        }
+        if self.open.is_some() {
+            self.deferred = true;
+        } else {
+            self.issue_backup(scope, false, actions);
+        }
+    }
+
+    fn regular_scope(&self) -> BackupScope {
+        match self.mode {
+            Mode::Exact(_) => BackupScope::Complete,
+            _ => BackupScope::Drifted,
+        }
+    }
+
+    fn issue_backup(&mut self, scope: BackupScope, clean: bool, actions: &mut Vec<Action>) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.deferred = false;
+        self.last_issued = self.processed;
+        self.open = Some(OpenBackup {
+            seq,
+            covers: self.processed,
+            scope,
+            written: false,
+            clean,
+        });
+        actions.push(Action::Backup { seq, scope });
+    }
+
+    fn send_marker(&mut self, covers: Position, clean: bool, actions: &mut Vec<Action>) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.markers.push_back(MarkerInFlight { seq, covers, clean });
+        actions.push(Action::Marker(BackupMarker {
+            seq,
+            input_offset: covers.offset,
+            failures: self.failures,
+            thresholds: self.thresholds,
+            clean,
+        }));
+    }
+
+    /// Every output of the items before this position is acknowledged.
+    fn outputs_done_before(&self, position: Position) -> bool {
+        self.faults.marker_before_outputs || self.outputs.front().is_none_or(|o| o.before.items >= position.items)
+    }
+
+    /// Writes the open backup's marker once its entries and the outputs before it
+    /// are acknowledged, then issues a backup that waited for it.
+    fn advance(&mut self, actions: &mut Vec<Action>) {
+        if let Some(open) = self.open {
+            if !(open.written && self.outputs_done_before(open.covers)) {
+                return;
+            }
+            self.open = None;
+            self.send_marker(open.covers, open.clean, actions);
+        }
+        match self.phase {
+            Phase::Running if self.deferred => {
+                let scope = self.regular_scope();
+                self.issue_backup(scope, false, actions);
+            }
+            Phase::Stopping => self.advance_stop(actions),
+            _ => {}
+        }
+    }
+
+    /// Backup `seq`'s entries were acknowledged.
+    pub fn backup_written(&mut self, seq: u64, actions: &mut Vec<Action>) {
+        if let Some(open) = self.open.as_mut().filter(|o| o.seq == seq) {
+            open.written = true;
+            self.advance(actions);
+        }
+    }
+
+    /// Backup `seq`'s entries were not acknowledged: some may be in the log. The
+    /// operator owes them again; a new backup goes out at once.
+    pub fn backup_failed(&mut self, seq: u64, actions: &mut Vec<Action>) {
+        if let Some(open) = self.open.filter(|o| o.seq == seq) {
+            self.open = None;
+            self.issue_backup(open.scope, open.clean, actions);
+        }
+    }
+
+    /// The marker `seq` was acknowledged: the recovery point moves to it.
+    pub fn marker_written(&mut self, seq: u64, actions: &mut Vec<Action>) {
+        let mut acknowledged = None;
+        while self.markers.front().is_some_and(|m| m.seq <= seq) {
+            acknowledged = self.markers.pop_front();
+        }
+        let Some(marker) = acknowledged.filter(|m| m.seq == seq) else {
+            return;
+        };
+        if marker.covers.items >= self.marked.items {
+            self.marked = marker.covers;
+        }
+        if self.mode != Mode::None {
+            actions.push(Action::Commit {
+                offset: marker.covers.offset,
+            });
+        }
+        match self.phase {
+            Phase::Starting => self.phase = Phase::Running,
+            Phase::Stopping if marker.clean => self.phase = Phase::Stopped,
+            _ => {}
+        }
+    }
+
+    /// The marker `seq` was not acknowledged (it may be in the log). A new marker
+    /// must cover its items: the start marker is sent again, and otherwise a new
+    /// backup is issued (its marker follows it).
+    pub fn marker_failed(&mut self, seq: u64, actions: &mut Vec<Action>) {
+        let Some(index) = self.markers.iter().position(|m| m.seq == seq) else {
+            return;
+        };
+        let Some(failed) = self.markers.remove(index) else {
+            return;
+        };
+        match self.phase {
+            Phase::Starting => self.send_marker(failed.covers, false, actions),
+            Phase::Stopping => self.advance_stop(actions),
+            Phase::Running if self.open.is_none() => {
+                let scope = self.regular_scope();
+                self.issue_backup(scope, false, actions);
+            }
+            _ => self.deferred = true,
+        }
+    }
+
+    /// The outputs of the item at `offset` were acknowledged (`count` of them).
+    pub fn outputs_acknowledged(&mut self, offset: u64, count: u64, actions: &mut Vec<Action>) {
+        let index = self.outputs.partition_point(|o| o.before.offset < offset);
+        let Some(item) = self.outputs.get_mut(index).filter(|o| o.before.offset == offset) else {
+            return;
+        };
+        let count = count.min(item.remaining);
+        item.remaining -= count;
+        self.unacked_outputs -= count;
+        while self.outputs.front().is_some_and(|o| o.remaining == 0) {
+            self.outputs.pop_front();
+        }
+        self.advance(actions);
+    }
+
+    /// Starts a clean stop (shutdown or partition revocation): no more input; once
+    /// every output is acknowledged, a complete backup and a clean marker. A clean
+    /// stop is no failure.
+    pub fn begin_stop(&mut self, actions: &mut Vec<Action>) {
+        if matches!(self.phase, Phase::Stopping | Phase::Stopped) {
+            return;
+        }
+        self.phase = Phase::Stopping;
+        self.deferred = false;
+        self.advance_stop(actions);
+    }
+
+    fn advance_stop(&mut self, actions: &mut Vec<Action>) {
+        if self.phase != Phase::Stopping || self.open.is_some() || self.unacked_outputs > 0 {
+            return;
+        }
+        if self.mode == Mode::None {
+            actions.push(Action::Commit {
+                offset: self.processed.offset,
+            });
+            self.phase = Phase::Stopped;
+            return;
+        }
+        if self.markers.iter().any(|m| m.clean) {
+            return;
+        }
+        self.issue_backup(BackupScope::Complete, true, actions);
+    }
+
+    /// Whether a clean stop has finished: final backup and marker acknowledged.
+    pub fn is_stopped(&self) -> bool {
+        self.phase == Phase::Stopped
+    }
+
+    /// The position after the last processed item.
+    pub fn processed(&self) -> Position {
+        self.processed
+    }
+
+    /// The position the last acknowledged marker covers: the recovery point.
+    pub fn marked(&self) -> Position {
+        self.marked
+    }
+
+    /// Items processed past the last acknowledged marker.
+    pub fn items_past_marker(&self) -> u64 {
+        self.processed.items - self.marked.items
+    }
+
+    pub fn unacknowledged_outputs(&self) -> u64 {
+        self.unacked_outputs
+    }
+
+    /// Whether a backup's entries may be on their way to the log.
+    pub fn backup_open(&self) -> bool {
+        self.open.is_some()
+    }
+
+    /// The worst-case error a crash now could introduce, from the thresholds:
+    /// θ + l·α for the state and γ + l·β for the outputs (in exact mode l is the
+    /// window a crash during a backup may apply twice; no bound in mode none).
+    pub fn recovery_bound(&self) -> Option<ErrorBound> {
+        match self.mode {
+            Mode::None => None,
+            _ => Some(self.thresholds.failure_bound(self.constants)),
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! The task loop, written once: an operator, its controller, and an I/O boundary
+//! that carries out what they decide.
+//!
+//! The in-memory harness, the benchmarks and the Kafka service are adapters of
+//! this driver: each implements [`TaskIo`] (send an output, write a backup,
+//! write a marker, commit) and reports acknowledgements back as [`Ack`]s. The
+//! driver works a poll batch at a time: it takes items until the controller says
+//! input must wait, then the adapter delivers whatever acknowledgements arrived
+//! and calls it again. So the property tests prove the code the service runs.
+
+use serde::Serialize;
+
+use super::controller::{Action, Blocked, ControllerConfig, TaskController};
+use super::entry::BackupEntry;
+use super::error::CoreError;
+use super::operator::{Operator, Rejected};
+use super::recovery::{BackupMarker, ChangelogState, RecoveryPlan};
+
+/// What the driver needs from its surroundings. Every write is asynchronous: its
+/// outcome comes back later through [`TaskDriver::acknowledge`].
+pub trait TaskIo<Output> {
+    /// Sends one output of the item at `item_offset`; report [`Ack::Output`].
+    fn send_output(&mut self, item_offset: u64, output: Output);
+    /// Writes backup `seq`'s entries to the changelog partition, in order, after
+    /// every record written before; report [`Ack::BackupWritten`] or
+    /// [`Ack::BackupFailed`] once all of them are acknowledged or one failed.
+    fn write_backup(&mut self, seq: u64, entries: &[BackupEntry]);
+    /// Writes a marker after every changelog record written before it; report
+    /// [`Ack::MarkerWritten`] or [`Ack::MarkerFailed`].
+    fn write_marker(&mut self, marker: &BackupMarker);
+    /// Bookkeeping: the consumer group's offset may move to `offset`. Nothing
+    /// waits for it.
+    fn commit(&mut self, offset: u64);
+    /// The operator refused the item at `offset` (it still counts as read).
+    fn rejected(&mut self, offset: u64, reason: &Rejected) {
+        let _ = (offset, reason);
+    }
+}
+
+/// An acknowledgement an adapter reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ack {
+    /// `count` outputs of the item at `item_offset` were acknowledged.
+    Output {
+        item_offset: u64,
+        count: u64,
+    },
+    BackupWritten(u64),
+    /// Some of the backup's entries may be in the log all the same.
+    BackupFailed(u64),
+    MarkerWritten(u64),
+    /// The marker may be in the log all the same.
+    MarkerFailed(u64),
+}
+
+/// What a driver did, for reports and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DriverStats {
+    pub items: u64,
+    pub rejected: u64,
+    pub outputs: u64,
+    pub backups: u64,
+    pub backup_entries: u64,
+    pub backup_bytes: u64,
+    pub backups_failed: u64,
+    pub markers: u64,
+    pub markers_failed: u64,
+    pub commits: u64,
+    /// Batches in which input had to wait for an acknowledgement.
+    pub stalls: u64,
+}
+
+/// Test-only faults: a driver that breaks its guarantees, so that the property
+/// tests can show they catch one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverFaults {
+    /// Take backups but write none of their entries, and report them written.
+    pub skip_backups: bool,
+}
+
+/// One task: an operator, its controller and the scratch buffers of the loop.
+pub struct TaskDriver<O: Operator> {
+    operator: O,
+    controller: TaskController,
+    actions: Vec<Action>,
+    entries: Vec<BackupEntry>,
+    outputs: Vec<O::Output>,
+    stats: DriverStats,
+    faults: DriverFaults,
+}
+
+impl<O: Operator> TaskDriver<O> {
+    /// Starts a task: restores the operator (freshly built) from what its
+    /// changelog holds, decides where to resume and starts the controller, whose
+    /// first actions (the start marker) go out through `io`.
+    pub fn recover(
+        config: ControllerConfig,
+        mut operator: O,
+        changelog: &ChangelogState,
+        committed: Option<u64>,
+        start_offset: u64,
+        now_ms: u64,
+        io: &mut impl TaskIo<O::Output>,
+    ) -> Result<(Self, RecoveryPlan), CoreError> {
+        operator.restore(&changelog.entries)?;
+        let plan = RecoveryPlan::decide(
+            config.mode,
+            changelog.marker.as_ref(),
+            committed,
+            start_offset,
+            config.constants,
+        );
+        let mut actions = Vec::new();
+        let controller = TaskController::start(config, &plan, now_ms, &mut actions)?;
+        operator.set_theta(controller.operator_theta());
+        let mut driver = TaskDriver {
+            operator,
+            controller,
+            actions,
+            entries: Vec::new(),
+            outputs: Vec::new(),
+            stats: DriverStats::default(),
+            faults: DriverFaults::default(),
+        };
+        driver.execute(io);
+        Ok((driver, plan))
+    }
+
+    /// Turns on test-only faults.
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_faults(&mut self, faults: DriverFaults) {
+        self.faults = faults;
+    }
+
+    pub fn operator(&self) -> &O {
+        &self.operator
+    }
+
+    pub fn controller(&self) -> &TaskController {
+        &self.controller
+    }
+
+    pub fn into_operator(self) -> O {
+        self.operator
+    }
+
+    pub fn stats(&self) -> DriverStats {
+        DriverStats {
+            stalls: self.controller.stalls(),
+            ..self.stats
+        }
+    }
+
+    /// Whether the next item may be taken.
+    pub fn readiness(&self) -> Result<(), Blocked> {
+        self.controller.readiness()
+    }
+
+    /// Processes items from a poll batch, in offset order, until input must wait.
+    /// Returns how many it took; the rest are for the next call, after the
+    /// adapter has delivered acknowledgements.
+    pub fn process<'a, I>(&mut self, items: I, now_ms: u64, io: &mut impl TaskIo<O::Output>) -> usize
+    where
+        I: IntoIterator<Item = (u64, &'a O::Input)>,
+        O::Input: 'a,
+    {
+        let mut items = items.into_iter().peekable();
+        let mut taken = 0;
+        while items.peek().is_some() {
+            if self.controller.readiness().is_err() {
+                self.controller.count_stall();
+                break;
+            }
+            let Some((offset, item)) = items.next() else { break };
+            self.process_one(offset, item, now_ms, io);
+            taken += 1;
+        }
+        taken
+    }
+
+    #[inline]
+    fn process_one(&mut self, offset: u64, item: &O::Input, now_ms: u64, io: &mut impl TaskIo<O::Output>) {
+        self.outputs.clear();
+        if let Err(reason) = self.operator.process(item, &mut self.outputs) {
+            self.stats.rejected += 1;
+            io.rejected(offset, &reason);
+            self.outputs.clear();
+        }
+        self.stats.items += 1;
+        let made = self.outputs.len() as u64;
+        self.stats.outputs += made;
+        for output in self.outputs.drain(..) {
+            io.send_output(offset, output);
+        }
+        self.controller
+            .item_processed(offset, made, self.operator.divergence(), now_ms, &mut self.actions);
+        if !self.actions.is_empty() {
+            self.execute(io);
+        }
+    }
+
+    /// Delivers one acknowledgement.
+    pub fn acknowledge(&mut self, ack: Ack, io: &mut impl TaskIo<O::Output>) {
+        let actions = &mut self.actions;
+        match ack {
+            Ack::Output { item_offset, count } => self.controller.outputs_acknowledged(item_offset, count, actions),
+            Ack::BackupWritten(seq) => {
+                self.operator.acknowledge_backup(seq);
+                self.controller.backup_written(seq, actions);
+            }
+            Ack::BackupFailed(seq) => {
+                self.stats.backups_failed += 1;
+                self.operator.fail_backup(seq);
+                self.controller.backup_failed(seq, actions);
+            }
+            Ack::MarkerWritten(seq) => self.controller.marker_written(seq, actions),
+            Ack::MarkerFailed(seq) => {
+                self.stats.markers_failed += 1;
+                self.controller.marker_failed(seq, actions);
+            }
+        }
+        if !self.actions.is_empty() {
+            self.execute(io);
+        }
+    }
+
+    /// Time passes without items (exact mode's time interval).
+    pub fn tick(&mut self, now_ms: u64, io: &mut impl TaskIo<O::Output>) {
+        self.controller.tick(now_ms, &mut self.actions);
+        self.execute(io);
+    }
+
+    /// Starts a clean stop: final complete backup and clean marker, then a commit.
+    pub fn begin_stop(&mut self, io: &mut impl TaskIo<O::Output>) {
+        self.controller.begin_stop(&mut self.actions);
+        self.execute(io);
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.controller.is_stopped()
+    }
+
+    fn execute(&mut self, io: &mut impl TaskIo<O::Output>) {
+        // An action may not add actions of its own here, so a plain drain works.
+        let mut actions = std::mem::take(&mut self.actions);
+        for action in actions.drain(..) {
+            match action {
+                Action::Backup { seq, scope } => {
+                    self.entries.clear();
+                    self.operator.backup(seq, scope, &mut self.entries);
+                    if self.faults.skip_backups {
+                        self.entries.clear();
+                    }
+                    self.stats.backups += 1;
+                    self.stats.backup_entries += self.entries.len() as u64;
+                    self.stats.backup_bytes += self.entries.iter().map(|e| e.encoded_len() as u64).sum::<u64>();
+                    io.write_backup(seq, &self.entries);
+                }
+                Action::Marker(marker) => {
+                    self.stats.markers += 1;
+                    io.write_marker(&marker);
+                }
+                Action::Commit { offset } => {
+                    self.stats.commits += 1;
+                    io.commit(offset);
+                }
+            }
+        }
+        self.actions = actions;
+    }
+}

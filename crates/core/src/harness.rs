@@ -1,0 +1,643 @@
+//! An in-memory adapter of the task driver with crash injection: a simulated
+//! broker with a changelog partition that is compacted at random, an output
+//! topic and a committed offset, whose acknowledgements arrive late and in
+//! batches, and whose failed writes may have reached the log all the same.
+//! Property tests, the benchmarks and `afstream simulate` use it to prove the
+//! bounds on the very driver the service runs: at every crash it checks that no
+//! output before the recovery point was lost and that at most l·β outputs will
+//! repeat; after every recovery, once the task has caught up to the crash
+//! position, that the recovered state is within the bound of the state lost in
+//! the crash. The bound it checks is computed here, from Θ, L and the failure
+//! count, not taken from the controller.
+
+use std::collections::VecDeque;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use super::controller::ControllerConfig;
+use super::driver::{Ack, DriverFaults, DriverStats, TaskDriver, TaskIo};
+use super::entry::BackupEntry;
+use super::error::CoreError;
+use super::mode::Mode;
+use super::operator::Operator;
+use super::recovery::{read_changelog, BackupMarker, ResumeSource};
+use super::thresholds::FailurePolicy;
+
+/// How a simulated run goes wrong.
+#[derive(Clone, Debug)]
+pub struct SimulationOptions {
+    pub seed: u64,
+    /// Crash after this many items processed in all (replays included), sorted.
+    pub crash_after: Vec<u64>,
+    /// Move each crash to the next moment a backup's entries may be in flight.
+    pub crash_during_backup: bool,
+    /// The longest delay of an acknowledgement, in poll batches.
+    pub max_ack_delay: u64,
+    /// The most items one poll returns.
+    pub max_batch: usize,
+    /// Probability that a changelog write fails (after a random part of it, or
+    /// all of it, reached the log).
+    pub write_failure_rate: f64,
+    /// A deliberately broken store: backups are acknowledged but never stored.
+    pub drop_backups: bool,
+    /// Test-only faults of the driver.
+    pub driver_faults: DriverFaults,
+    /// Float slack for the bound checks, relative to the bound.
+    pub tolerance: f64,
+}
+
+impl Default for SimulationOptions {
+    fn default() -> Self {
+        SimulationOptions {
+            seed: 0,
+            crash_after: Vec::new(),
+            crash_during_backup: false,
+            max_ack_delay: 4,
+            max_batch: 64,
+            write_failure_rate: 0.0,
+            drop_backups: false,
+            driver_faults: DriverFaults::default(),
+            tolerance: 1e-9,
+        }
+    }
+}
+
+/// A broken guarantee.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub enum Violation {
+    /// After catching up to a crash position, the state was farther from the lost
+    /// state than the bound allows.
+    StateBound { crash: usize, observed: f64, bound: f64 },
+    /// An output of an item before the recovery point never reached the sink.
+    LostOutput { crash: usize, item_offset: u64 },
+    /// More outputs will be repeated than l·β.
+    RepeatedOutputs { crash: usize, repeated: u64, bound: u64 },
+    /// The task stopped taking input with nothing in flight that could unblock it.
+    Stalled { next_offset: u64, reason: String },
+}
+
+/// One recovery as observed.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RecoveryRecord {
+    pub crash_item_offset: u64,
+    pub resume_offset: u64,
+    pub failures: u32,
+    pub source: ResumeSource,
+    /// Changelog records read to restore.
+    pub records_read: u64,
+    /// The distance from the lost state once caught up (None if a later crash came
+    /// first).
+    pub observed: Option<f64>,
+    /// The state bound of this failure, computed from Θ, L and k.
+    pub bound: f64,
+}
+
+/// What a simulated run did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SimulationReport {
+    /// Totals over every run of the task (one per crash, plus the first).
+    pub totals: DriverStats,
+    /// Records the changelog received (entries and markers, failed writes too).
+    pub changelog_records: u64,
+    pub outputs_delivered: u64,
+    pub recoveries: Vec<RecoveryRecord>,
+    pub violations: Vec<Violation>,
+}
+
+impl SimulationReport {
+    pub fn items_processed(&self) -> u64 {
+        self.totals.items
+    }
+}
+
+enum Write {
+    Backup { seq: u64, records: Vec<BackupEntry> },
+    Marker { seq: u64, record: BackupEntry },
+}
+
+struct Due<T> {
+    at: u64,
+    what: T,
+}
+
+/// The simulated broker: what the driver's writes do.
+struct SimBroker<Out> {
+    rng: StdRng,
+    step: u64,
+    max_ack_delay: u64,
+    write_failure_rate: f64,
+    drop_backups: bool,
+    /// The changelog partition, oldest first.
+    log: Vec<BackupEntry>,
+    /// Changelog writes in flight, in the producer's order.
+    writes: VecDeque<Due<Write>>,
+    outputs: Vec<Due<(u64, Out)>>,
+    committed: Option<u64>,
+    /// Delivered outputs with the offset of their item.
+    sink: Vec<(u64, Out)>,
+    changelog_records: u64,
+    acks: Vec<Ack>,
+}
+
+impl<Out> SimBroker<Out> {
+    fn due(&mut self) -> u64 {
+        // Acknowledgements come no sooner than the next poll, so several arrive
+        // together.
+        self.step + self.rng.gen_range(1..=self.max_ack_delay.max(1))
+    }
+
+    fn fails(&mut self) -> bool {
+        self.rng.gen_bool(self.write_failure_rate.clamp(0.0, 1.0))
+    }
+
+    /// What lands of a failed write: any prefix, the whole of it included.
+    fn land_prefix(&mut self, records: &[BackupEntry]) {
+        let keep = self.rng.gen_range(0..=records.len());
+        self.log.extend_from_slice(&records[..keep]);
+    }
+
+    /// Completes the writes and outputs due by now (with `force`, the earliest
+    /// one even if it is not due, as time jumps ahead while the task waits).
+    fn deliver(&mut self, force: bool) -> bool {
+        let now = self.step;
+        let mut delivered = false;
+        while let Some(front) = self.writes.front() {
+            if !(front.at <= now || (force && !delivered)) {
+                break;
+            }
+            let Some(Due { what, .. }) = self.writes.pop_front() else {
+                break;
+            };
+            delivered = true;
+            let failed = self.fails();
+            match what {
+                Write::Backup { seq, records } => {
+                    if failed {
+                        self.land_prefix(&records);
+                        self.acks.push(Ack::BackupFailed(seq));
+                    } else {
+                        if !self.drop_backups {
+                            self.log.extend(records);
+                        }
+                        self.acks.push(Ack::BackupWritten(seq));
+                    }
+                }
+                Write::Marker { seq, record } => {
+                    if failed {
+                        if self.rng.gen_bool(0.5) {
+                            self.log.push(record);
+                        }
+                        self.acks.push(Ack::MarkerFailed(seq));
+                    } else {
+                        self.log.push(record);
+                        self.acks.push(Ack::MarkerWritten(seq));
+                    }
+                }
+            }
+        }
+        let mut index = 0;
+        while index < self.outputs.len() {
+            if self.outputs[index].at <= now || (force && !delivered) {
+                let Due {
+                    what: (offset, output), ..
+                } = self.outputs.swap_remove(index);
+                delivered = true;
+                self.sink.push((offset, output));
+                self.acks.push(Ack::Output {
+                    item_offset: offset,
+                    count: 1,
+                });
+            } else {
+                index += 1;
+            }
+        }
+        delivered
+    }
+
+    /// The crash: a prefix of the writes in flight lands (one producer, one order),
+    /// each output in flight may or may not; the returned outputs were lost.
+    fn crash(&mut self) -> Vec<u64> {
+        let writes: Vec<_> = self.writes.drain(..).collect();
+        let landing = self.rng.gen_range(0..=writes.len());
+        for (index, Due { what, .. }) in writes.into_iter().enumerate() {
+            if index > landing {
+                break;
+            }
+            match what {
+                Write::Backup { records, .. } if index == landing => self.land_prefix(&records),
+                Write::Backup { records, .. } => {
+                    if !self.drop_backups {
+                        self.log.extend(records)
+                    }
+                }
+                Write::Marker { record, .. } if index < landing => self.log.push(record),
+                Write::Marker { .. } => {}
+            }
+        }
+        let mut lost = Vec::new();
+        for Due {
+            what: (offset, output), ..
+        } in std::mem::take(&mut self.outputs)
+        {
+            if self.rng.gen_bool(0.5) {
+                self.sink.push((offset, output));
+            } else {
+                lost.push(offset);
+            }
+        }
+        self.acks.clear();
+        lost
+    }
+
+    /// Compaction as Kafka does it, at a random point: the latest record per key
+    /// survives, in log order; deletions may survive a while or go.
+    fn compact(&mut self) {
+        let drop_tombstones = self.rng.gen_bool(0.5);
+        let mut seen = std::collections::HashSet::new();
+        let mut kept: Vec<BackupEntry> = Vec::with_capacity(self.log.len());
+        for entry in self.log.drain(..).rev() {
+            if seen.insert(entry.key.clone()) && !(drop_tombstones && entry.value.is_none()) {
+                kept.push(entry);
+            }
+        }
+        kept.reverse();
+        self.log = kept;
+    }
+}
+
+impl<Out> TaskIo<Out> for SimBroker<Out> {
+    fn send_output(&mut self, item_offset: u64, output: Out) {
+        let at = self.due();
+        self.outputs.push(Due {
+            at,
+            what: (item_offset, output),
+        });
+    }
+
+    fn write_backup(&mut self, seq: u64, entries: &[BackupEntry]) {
+        self.changelog_records += entries.len() as u64;
+        let at = self.due().max(self.writes.back().map_or(0, |w| w.at));
+        self.writes.push_back(Due {
+            at,
+            what: Write::Backup {
+                seq,
+                records: entries.to_vec(),
+            },
+        });
+    }
+
+    fn write_marker(&mut self, marker: &BackupMarker) {
+        self.changelog_records += 1;
+        let at = self.due().max(self.writes.back().map_or(0, |w| w.at));
+        self.writes.push_back(Due {
+            at,
+            what: Write::Marker {
+                seq: marker.seq,
+                record: marker.to_entry(),
+            },
+        });
+    }
+
+    fn commit(&mut self, offset: u64) {
+        self.committed = Some(self.committed.map_or(offset, |c| c.max(offset)));
+    }
+}
+
+struct PendingCheck<O> {
+    crash: usize,
+    offset: u64,
+    lost: O,
+}
+
+/// The state and output bounds of failure `k` (counting from 0), computed from
+/// the configuration alone: θ_k = Θ'/2^(k+1) and l_k = max(1, ⌊L'/2^(k+1)⌋) under
+/// halving, Θ' and L' under the fixed policy (Θ', L' the split thresholds); in
+/// exact mode l is two intervals of items and θ is 0.
+pub fn independent_bound(config: &ControllerConfig, k: u32) -> (f64, u64) {
+    let global = config.policy.global;
+    let divisor = if config.policy.additive {
+        f64::from(config.policy.placement.parallelism)
+    } else {
+        1.0
+    };
+    let later = config.policy.placement.stages - config.policy.placement.stage;
+    let theta_split = global.theta / divisor / config.policy.placement.stage_fanout.powi(later as i32);
+    let items_split = global.items as f64 / divisor;
+    let halving = match config.policy.failures {
+        FailurePolicy::Fixed => 1.0,
+        FailurePolicy::Halving => 2f64.powi(k as i32 + 1),
+    };
+    let (theta, items) = match config.mode {
+        Mode::Exact(interval) => (0.0, interval.items.map_or(u64::MAX, |n| 2 * n)),
+        _ => (theta_split / halving, ((items_split / halving).floor() as u64).max(1)),
+    };
+    (theta + items as f64 * config.constants.alpha, items)
+}
+
+/// The simulated task: the driver over the simulated broker.
+pub struct SimulatedTask<'a, O: Operator> {
+    config: ControllerConfig,
+    build: &'a dyn Fn() -> O,
+    options: SimulationOptions,
+    driver: TaskDriver<O>,
+    broker: SimBroker<O::Output>,
+    next_offset: u64,
+    report: SimulationReport,
+    checks: Vec<PendingCheck<O>>,
+    failure_bounds: Vec<f64>,
+}
+
+impl<'a, O> SimulatedTask<'a, O>
+where
+    O: Operator + Clone,
+    O::Output: Clone,
+{
+    pub fn new(
+        config: ControllerConfig,
+        build: &'a dyn Fn() -> O,
+        options: SimulationOptions,
+    ) -> Result<Self, CoreError> {
+        let mut broker = SimBroker {
+            rng: StdRng::seed_from_u64(options.seed),
+            step: 0,
+            max_ack_delay: options.max_ack_delay,
+            write_failure_rate: options.write_failure_rate,
+            drop_backups: options.drop_backups,
+            log: Vec::new(),
+            writes: VecDeque::new(),
+            outputs: Vec::new(),
+            committed: None,
+            sink: Vec::new(),
+            changelog_records: 0,
+            acks: Vec::new(),
+        };
+        let empty = read_changelog(&[])?;
+        let (mut driver, _) = TaskDriver::recover(config, build(), &empty, None, 0, 0, &mut broker)?;
+        set_driver_faults(&mut driver, options.driver_faults);
+        Ok(SimulatedTask {
+            config,
+            build,
+            options,
+            driver,
+            broker,
+            next_offset: 0,
+            report: SimulationReport::default(),
+            checks: Vec::new(),
+            failure_bounds: Vec::new(),
+        })
+    }
+
+    pub fn operator(&self) -> &O {
+        self.driver.operator()
+    }
+
+    /// Delivered outputs with the offset of their item.
+    pub fn sink(&self) -> &[(u64, O::Output)] {
+        &self.broker.sink
+    }
+
+    /// The sum of the bounds of every failure so far.
+    pub fn total_bound(&self) -> f64 {
+        self.failure_bounds.iter().sum()
+    }
+
+    fn deliver(&mut self, force: bool) -> bool {
+        let delivered = self.broker.deliver(force);
+        let acks = std::mem::take(&mut self.broker.acks);
+        for ack in &acks {
+            self.driver.acknowledge(*ack, &mut self.broker);
+        }
+        self.broker.acks = acks;
+        self.broker.acks.clear();
+        delivered
+    }
+
+    fn add_totals(&mut self) {
+        let s = self.driver.stats();
+        let t = &mut self.report.totals;
+        t.items += s.items;
+        t.rejected += s.rejected;
+        t.outputs += s.outputs;
+        t.backups += s.backups;
+        t.backup_entries += s.backup_entries;
+        t.backup_bytes += s.backup_bytes;
+        t.backups_failed += s.backups_failed;
+        t.markers += s.markers;
+        t.markers_failed += s.markers_failed;
+        t.commits += s.commits;
+        t.stalls += s.stalls;
+    }
+
+    fn crash(&mut self) -> Result<(), CoreError> {
+        let crash = self.report.recoveries.len();
+        let processed = self.driver.controller().processed();
+        self.add_totals();
+        let lost_outputs = self.broker.crash();
+        if self.broker.rng.gen_bool(0.5) {
+            self.broker.compact();
+        }
+        let lost = self.driver.operator().clone();
+        let k = self.driver.controller().failures();
+        let (bound, window) = independent_bound(&self.config, k);
+
+        // Recovery: a fresh operator restored from the changelog, resuming at the
+        // last marker.
+        let changelog = read_changelog(&self.broker.log)?;
+        let committed = self.broker.committed;
+        let now = self.broker.step;
+        let (driver, plan) = TaskDriver::recover(
+            self.config,
+            (self.build)(),
+            &changelog,
+            committed,
+            0,
+            now,
+            &mut self.broker,
+        )?;
+        self.driver = driver;
+        set_driver_faults(&mut self.driver, self.options.driver_faults);
+
+        for item_offset in lost_outputs {
+            if item_offset < plan.resume_offset {
+                self.report
+                    .violations
+                    .push(Violation::LostOutput { crash, item_offset });
+            }
+        }
+        if self.config.mode == Mode::Approximate {
+            let repeated = self
+                .broker
+                .sink
+                .iter()
+                .filter(|(offset, _)| *offset >= plan.resume_offset && *offset < processed.offset)
+                .count() as u64;
+            let allowed = window.saturating_mul(self.config.constants.beta);
+            if repeated > allowed {
+                self.report.violations.push(Violation::RepeatedOutputs {
+                    crash,
+                    repeated,
+                    bound: allowed,
+                });
+            }
+        }
+        // Outputs of items that will be replayed are made again: forget them.
+        self.broker.sink.retain(|(offset, _)| *offset < plan.resume_offset);
+
+        let bound = if self.config.mode == Mode::None {
+            f64::INFINITY
+        } else {
+            bound
+        };
+        self.failure_bounds.push(bound);
+        self.checks.push(PendingCheck {
+            crash,
+            offset: processed.offset,
+            lost,
+        });
+        self.next_offset = plan.resume_offset;
+        self.report.recoveries.push(RecoveryRecord {
+            crash_item_offset: processed.offset,
+            resume_offset: plan.resume_offset,
+            failures: plan.failures,
+            source: plan.source,
+            records_read: changelog.records,
+            observed: None,
+            bound,
+        });
+        Ok(())
+    }
+
+    fn check_caught_up(&mut self) {
+        let offset = self.next_offset;
+        let tolerance = self.options.tolerance;
+        let mut index = 0;
+        while index < self.checks.len() {
+            if self.checks[index].offset > offset {
+                index += 1;
+                continue;
+            }
+            let check = self.checks.remove(index);
+            if check.offset < offset {
+                // A later crash came first and the replay passed this point in a
+                // later batch; checked at the exact position only.
+                continue;
+            }
+            // Every failure since this crash adds its own bound.
+            let bound: f64 = self.failure_bounds[check.crash..].iter().sum();
+            let observed = self.driver.operator().distance(&check.lost);
+            if let Some(record) = self.report.recoveries.get_mut(check.crash) {
+                record.observed = Some(observed);
+            }
+            if observed > bound * (1.0 + tolerance) + tolerance {
+                self.report.violations.push(Violation::StateBound {
+                    crash: check.crash,
+                    observed,
+                    bound,
+                });
+            }
+        }
+    }
+
+    /// Runs the whole stream, crashing where the options say, and stops cleanly at
+    /// the end.
+    pub fn run(mut self, stream: &[O::Input]) -> Result<(O, SimulationReport), CoreError> {
+        let mut crashes: VecDeque<u64> = self.options.crash_after.iter().copied().collect();
+        let mut stopping = false;
+        let end = stream.len() as u64;
+        loop {
+            self.broker.step += 1;
+            self.deliver(false);
+            let crash_due = crashes
+                .front()
+                .is_some_and(|&at| self.report.totals.items + self.driver.stats().items >= at)
+                && (!self.options.crash_during_backup || self.driver.controller().backup_open());
+            if crash_due {
+                crashes.pop_front();
+                self.crash()?;
+                self.check_caught_up();
+                continue;
+            }
+            if self.next_offset >= end && crashes.is_empty() {
+                if !stopping {
+                    stopping = true;
+                    self.driver.begin_stop(&mut self.broker);
+                }
+                if self.driver.is_stopped() {
+                    break;
+                }
+                if !self.deliver(true) {
+                    self.report.violations.push(Violation::Stalled {
+                        next_offset: self.next_offset,
+                        reason: "the clean stop never finished".to_string(),
+                    });
+                    break;
+                }
+                continue;
+            }
+            if self.next_offset >= end {
+                // Waiting for a crash still to come at the end.
+                if !self.deliver(true) {
+                    crashes.clear();
+                }
+                continue;
+            }
+            // One poll: up to max_batch items, each checked at its own position.
+            let batch = self.broker.rng.gen_range(1..=self.options.max_batch.max(1)) as u64;
+            let until = (self.next_offset + batch).min(end);
+            let mut taken_total = 0;
+            while self.next_offset < until {
+                let offset = self.next_offset;
+                let one = std::iter::once((offset, &stream[offset as usize]));
+                let taken = self.driver.process(one, self.broker.step, &mut self.broker);
+                if taken == 0 {
+                    break;
+                }
+                taken_total += 1;
+                self.next_offset += 1;
+                self.check_caught_up();
+                let crash_now = crashes
+                    .front()
+                    .is_some_and(|&at| self.report.totals.items + self.driver.stats().items >= at);
+                if crash_now {
+                    break;
+                }
+            }
+            if taken_total == 0 && self.driver.readiness().is_err() && !self.deliver(true) {
+                self.report.violations.push(Violation::Stalled {
+                    next_offset: self.next_offset,
+                    reason: format!("{:?}", self.driver.readiness()),
+                });
+                break;
+            }
+        }
+        self.add_totals();
+        self.report.changelog_records = self.broker.changelog_records;
+        self.report.outputs_delivered = self.broker.sink.len() as u64;
+        Ok((self.driver.into_operator(), self.report))
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+fn set_driver_faults<O: Operator>(driver: &mut TaskDriver<O>, faults: DriverFaults) {
+    driver.inject_faults(faults);
+}
+
+#[cfg(not(feature = "fault-injection"))]
+fn set_driver_faults<O: Operator>(_driver: &mut TaskDriver<O>, _faults: DriverFaults) {}
+
+/// Runs `stream` once with the options' crashes, and returns the final operator and
+/// the report.
+pub fn simulate<O>(
+    config: ControllerConfig,
+    build: &dyn Fn() -> O,
+    stream: &[O::Input],
+    options: SimulationOptions,
+) -> Result<(O, SimulationReport), CoreError>
+where
+    O: Operator + Clone,
+    O::Output: Clone,
+{
+    SimulatedTask::new(config, build, options)?.run(stream)
+}

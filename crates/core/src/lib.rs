@@ -1,0 +1,34 @@
+//! The approximate-fault-tolerance core: pure, with no Kafka and no RocksDB.
+//!
+//! * [`operator`]: the operator model (process, divergence, backup, restore);
+//! * [`structures`]: fault-tolerant values, vectors, hash tables and sets;
+//! * [`thresholds`]: from global Θ, L, Γ to a task's θ, l, γ, with the bounds;
+//! * [`controller`]: when to back up, commit and stop taking input;
+//! * [`recovery`]: backup markers and the decision a starting task makes;
+//! * [`entry`]: the versioned encoding of backup entries;
+//! * [`harness`]: an in-memory runtime with crash injection that checks the bounds.
+
+pub mod controller;
+pub mod driver;
+pub mod entry;
+pub mod error;
+pub mod harness;
+pub mod mode;
+pub mod operator;
+pub mod operators;
+pub mod recovery;
+pub mod structures;
+pub mod thresholds;
+pub mod workloads;
+
+pub use controller::{Action, Blocked, ControllerConfig, ControllerFaults, Position, TaskController};
+pub use driver::{Ack, DriverFaults, DriverStats, TaskDriver, TaskIo};
+pub use entry::{BackupEntry, EntryBytes};
+pub use error::CoreError;
+pub use mode::{ExactInterval, Mode};
+pub use operator::{AnalysisConstants, BackupScope, Operator, Rejected};
+pub use recovery::{read_changelog, BackupMarker, ChangelogReader, ChangelogState, RecoveryPlan, ResumeSource};
+pub use structures::{Norm, Tracked, TrackedSet, TrackedTable, TrackedValue, TrackedVector};
+pub use thresholds::{
+    ErrorBound, FailurePolicy, GlobalThresholds, Placement, TaskThresholds, ThresholdPolicy, WindowPolicy,
+};

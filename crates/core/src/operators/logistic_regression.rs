@@ -1,0 +1,339 @@
+//! Online logistic regression trained by SGD on hashed sparse features.
+//!
+//! Every labelled input is first predicted (a progressive, test-then-train
+//! evaluation: accuracy and log-loss accumulate over the stream), then the weights
+//! take one step with η_t = η0/√t. Feature ids are hashed into 2^bits weights (the
+//! hashing trick); a bias weight comes last.
+//!
+//! Divergence: the Euclidean distance of the weights from their backup. A step is
+//! clipped to at most η0·R (R = `max_feature_norm`: the input is scaled down to norm R
+//! when it is longer), so one item moves the weights by at most η0·R. Replaying an
+//! item on a slightly different model gives a different step, so two runs can move
+//! apart by both steps: α = 2·η0·R. β = 1 (one prediction per input).
+
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::entry::BackupEntry;
+use crate::error::CoreError;
+use crate::operator::{
+    acknowledge_all, backup_all, fail_all, restore_all, set_theta_all, AnalysisConstants, BackupScope, Operator,
+    Rejected,
+};
+use crate::structures::{Norm, Tracked, TrackedValue, TrackedVector};
+
+const WEIGHTS: u8 = 1;
+const STEPS: u8 = 2;
+const CORRECT: u8 = 3;
+const LOSS: u8 = 4;
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogisticConfig {
+    /// log2 of the number of hashed weights.
+    pub feature_bits: u32,
+    /// η0 of η_t = η0/√t.
+    pub learning_rate: f64,
+    /// R: inputs longer than this are scaled down to it.
+    pub max_feature_norm: f64,
+}
+
+impl Default for LogisticConfig {
+    fn default() -> Self {
+        LogisticConfig {
+            feature_bits: 18,
+            learning_rate: 0.5,
+            max_feature_norm: 10.0,
+        }
+    }
+}
+
+/// A labelled sparse feature vector.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LabeledVector {
+    pub label: bool,
+    /// (feature id, value) pairs.
+    pub features: Vec<(u64, f64)>,
+}
+
+/// The prediction made for one input before training on it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Prediction {
+    pub probability: f64,
+    pub label: bool,
+    pub correct: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct OnlineLogisticRegression {
+    config: LogisticConfig,
+    mask: u64,
+    weights: TrackedVector,
+    steps: TrackedValue,
+    correct: TrackedValue,
+    loss: TrackedValue,
+    slots: Vec<(u32, f64)>,
+}
+
+fn sigmoid(z: f64) -> f64 {
+    1.0 / (1.0 + (-z).exp())
+}
+
+impl OnlineLogisticRegression {
+    pub fn new(config: LogisticConfig) -> Result<Self, CoreError> {
+        if !(1..=30).contains(&config.feature_bits) {
+            return Err(CoreError::parameter(
+                "feature_bits",
+                config.feature_bits,
+                "between 1 and 30",
+            ));
+        }
+        if !(config.learning_rate.is_finite() && config.learning_rate > 0.0) {
+            return Err(CoreError::parameter(
+                "learning_rate",
+                config.learning_rate,
+                "a positive number",
+            ));
+        }
+        if !(config.max_feature_norm.is_finite() && config.max_feature_norm > 0.0) {
+            return Err(CoreError::parameter(
+                "max_feature_norm",
+                config.max_feature_norm,
+                "a positive number",
+            ));
+        }
+        let dims = 1usize << config.feature_bits;
+        Ok(OnlineLogisticRegression {
+            config,
+            mask: (dims - 1) as u64,
+            weights: TrackedVector::new(WEIGHTS, Norm::L2, dims + 1)?,
+            steps: TrackedValue::new(STEPS),
+            correct: TrackedValue::new(CORRECT),
+            loss: TrackedValue::new(LOSS),
+            slots: Vec::new(),
+        })
+    }
+
+    fn bias_slot(&self) -> u32 {
+        (self.mask + 1) as u32
+    }
+
+    fn slot(&self, feature: u64) -> u32 {
+        (xxh3_64(&feature.to_le_bytes()) & self.mask) as u32
+    }
+
+    fn margin(&self, slots: &[(u32, f64)]) -> f64 {
+        slots.iter().map(|&(slot, x)| self.weights.get(slot) * x).sum::<f64>() + self.weights.get(self.bias_slot())
+    }
+
+    /// P(label = true | features) under the current model.
+    pub fn predict(&self, features: &[(u64, f64)]) -> f64 {
+        let slots: Vec<_> = features.iter().map(|&(f, x)| (self.slot(f), x)).collect();
+        sigmoid(self.margin(&slots))
+    }
+
+    /// Inputs trained on.
+    pub fn steps(&self) -> u64 {
+        self.steps.get() as u64
+    }
+
+    /// Progressive accuracy: the fraction of inputs predicted right before training.
+    pub fn accuracy(&self) -> f64 {
+        if self.steps.get() == 0.0 {
+            0.0
+        } else {
+            self.correct.get() / self.steps.get()
+        }
+    }
+
+    /// Progressive mean log-loss.
+    pub fn log_loss(&self) -> f64 {
+        if self.steps.get() == 0.0 {
+            0.0
+        } else {
+            self.loss.get() / self.steps.get()
+        }
+    }
+
+    /// The L1 norm of the weights (a convergence signal).
+    pub fn weights_l1(&self) -> f64 {
+        self.weights.values().map(f64::abs).sum()
+    }
+
+    /// Accuracy and mean log-loss on a held-out set, without training.
+    pub fn evaluate(&self, data: &[LabeledVector]) -> (f64, f64) {
+        if data.is_empty() {
+            return (0.0, 0.0);
+        }
+        let (mut correct, mut loss) = (0usize, 0.0);
+        for item in data {
+            let p = self.predict(&item.features);
+            correct += usize::from((p >= 0.5) == item.label);
+            loss += log_loss(p, item.label);
+        }
+        (correct as f64 / data.len() as f64, loss / data.len() as f64)
+    }
+}
+
+fn log_loss(p: f64, label: bool) -> f64 {
+    let p = p.clamp(1e-15, 1.0 - 1e-15);
+    if label {
+        -p.ln()
+    } else {
+        -(1.0 - p).ln()
+    }
+}
+
+impl Operator for OnlineLogisticRegression {
+    type Input = LabeledVector;
+    type Output = Prediction;
+
+    fn process(&mut self, item: &LabeledVector, outputs: &mut Vec<Prediction>) -> Result<(), Rejected> {
+        let mut norm2 = 1.0; // the bias input
+        for &(feature, x) in &item.features {
+            if !x.is_finite() {
+                return Err(Rejected(format!(
+                    "feature {feature} has value {x}, not a finite number"
+                )));
+            }
+            norm2 += x * x;
+        }
+        let mut slots = std::mem::take(&mut self.slots);
+        slots.clear();
+        slots.extend(item.features.iter().map(|&(f, x)| (self.slot(f), x)));
+        let probability = sigmoid(self.margin(&slots));
+        let correct = (probability >= 0.5) == item.label;
+        self.correct.add(if correct { 1.0 } else { 0.0 });
+        self.loss.add(log_loss(probability, item.label));
+        self.steps.add(1.0);
+        let eta = self.config.learning_rate / self.steps.get().sqrt();
+        let scale = (self.config.max_feature_norm / norm2.sqrt()).min(1.0);
+        let gradient = (f64::from(u8::from(item.label)) - probability) * eta * scale;
+        for &(slot, x) in &slots {
+            self.weights.add(slot, gradient * x);
+        }
+        self.weights.add(self.bias_slot(), gradient);
+        self.slots = slots;
+        outputs.push(Prediction {
+            probability,
+            label: item.label,
+            correct,
+        });
+        Ok(())
+    }
+
+    #[inline]
+    fn divergence(&self) -> f64 {
+        self.weights.divergence()
+    }
+
+    fn norm(&self) -> Norm {
+        Norm::L2
+    }
+
+    fn set_theta(&mut self, theta: f64) {
+        set_theta_all(&mut [&mut self.weights], theta);
+    }
+
+    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
+        backup_all(
+            &mut [&mut self.weights, &mut self.steps, &mut self.correct, &mut self.loss],
+            seq,
+            scope,
+            out,
+        );
+    }
+
+    fn acknowledge_backup(&mut self, seq: u64) {
+        acknowledge_all(
+            &mut [&mut self.weights, &mut self.steps, &mut self.correct, &mut self.loss],
+            seq,
+        );
+    }
+
+    fn fail_backup(&mut self, seq: u64) {
+        fail_all(
+            &mut [&mut self.weights, &mut self.steps, &mut self.correct, &mut self.loss],
+            seq,
+        );
+    }
+
+    fn restore(&mut self, entries: &[BackupEntry]) -> Result<(), CoreError> {
+        restore_all(
+            &mut [&mut self.weights, &mut self.steps, &mut self.correct, &mut self.loss],
+            entries,
+        )
+    }
+
+    fn constants(&self) -> AnalysisConstants {
+        AnalysisConstants {
+            alpha: 2.0 * self.config.learning_rate * self.config.max_feature_norm,
+            beta: 1,
+        }
+    }
+
+    fn distance(&self, other: &Self) -> f64 {
+        self.weights.distance(&other.weights)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn separable(n: usize, seed: u64) -> Vec<LabeledVector> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let truth = [1.5, -2.0, 0.7, 1.0];
+        (0..n)
+            .map(|_| {
+                let features: Vec<(u64, f64)> = (0..4).map(|i| (i as u64, rng.gen_range(-1.0..1.0))).collect();
+                let margin: f64 = features.iter().zip(truth).map(|((_, x), w)| x * w).sum();
+                LabeledVector {
+                    label: margin > 0.0,
+                    features,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn learns_a_separable_problem() {
+        let config = LogisticConfig {
+            feature_bits: 8,
+            ..LogisticConfig::default()
+        };
+        let mut lr = OnlineLogisticRegression::new(config).unwrap();
+        let mut out = Vec::new();
+        for item in separable(5000, 1) {
+            lr.process(&item, &mut out).unwrap();
+        }
+        let (accuracy, loss) = lr.evaluate(&separable(1000, 2));
+        assert!(accuracy > 0.93, "accuracy {accuracy}");
+        assert!(loss < 0.3, "loss {loss}");
+        assert!(lr.accuracy() > 0.85);
+        assert_eq!(out.len(), 5000);
+    }
+
+    #[test]
+    fn one_step_moves_the_weights_by_at_most_half_alpha() {
+        let config = LogisticConfig {
+            feature_bits: 6,
+            learning_rate: 1.0,
+            max_feature_norm: 2.0,
+        };
+        let mut lr = OnlineLogisticRegression::new(config).unwrap();
+        let before = lr.clone();
+        let huge = LabeledVector {
+            label: true,
+            features: vec![(1, 1e6), (2, -1e6)],
+        };
+        lr.process(&huge, &mut Vec::new()).unwrap();
+        assert!(lr.distance(&before) <= lr.constants().alpha / 2.0 + 1e-9);
+        let nan = LabeledVector {
+            label: true,
+            features: vec![(1, f64::NAN)],
+        };
+        assert!(lr.process(&nan, &mut Vec::new()).is_err());
+    }
+}

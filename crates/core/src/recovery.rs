@@ -1,0 +1,368 @@
+//! Backup markers and the recovery decision.
+//!
+//! Every backup is followed, in the same changelog partition, by a marker record
+//! that says what the backup covers. A starting task reads its changelog
+//! partition to the end, restores the latest record per key (what compaction
+//! keeps) and resumes at the last marker's offset; it continues exactly when
+//! that marker was written by a clean stop, and otherwise counts a failure, so
+//! the thresholds halve. Nothing here needs a value that compaction can remove.
+
+use super::entry::{entry_key, payload, versioned, BackupEntry, EntryBytes, PayloadReader, MARKER_TAG};
+use super::error::CoreError;
+use super::mode::Mode;
+use super::operator::AnalysisConstants;
+use rustc_hash::FxHashMap;
+
+use super::thresholds::{ErrorBound, TaskThresholds};
+
+/// What a backup covers. Written after the backup's entries.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BackupMarker {
+    /// The backup's sequence number in this task's run.
+    pub seq: u64,
+    /// The next input offset: the state includes every item before it.
+    pub input_offset: u64,
+    /// Failures the task had recovered from when it wrote the marker.
+    pub failures: u32,
+    /// The thresholds in force.
+    pub thresholds: TaskThresholds,
+    /// Written by a clean stop: the state is exact at `input_offset`.
+    pub clean: bool,
+}
+
+impl BackupMarker {
+    /// The key of the marker record; one key, so compaction keeps the last marker.
+    pub fn key() -> EntryBytes {
+        entry_key(MARKER_TAG, b"marker")
+    }
+
+    pub fn is_marker(entry: &BackupEntry) -> bool {
+        entry.key.first() == Some(&MARKER_TAG)
+    }
+
+    pub fn to_entry(&self) -> BackupEntry {
+        let mut body = Vec::with_capacity(45);
+        body.extend_from_slice(&self.seq.to_le_bytes());
+        body.extend_from_slice(&self.input_offset.to_le_bytes());
+        body.extend_from_slice(&self.failures.to_le_bytes());
+        body.extend_from_slice(&self.thresholds.theta.to_le_bytes());
+        body.extend_from_slice(&self.thresholds.items.to_le_bytes());
+        body.extend_from_slice(&self.thresholds.outputs.to_le_bytes());
+        body.push(u8::from(self.clean));
+        BackupEntry {
+            key: Self::key(),
+            value: Some(versioned(&body)),
+        }
+    }
+
+    pub fn from_entry(entry: &BackupEntry) -> Result<Self, CoreError> {
+        if !Self::is_marker(entry) {
+            return Err(CoreError::undecodable("backup marker", "the key is not the marker key"));
+        }
+        let value = entry
+            .value
+            .as_deref()
+            .ok_or_else(|| CoreError::undecodable("backup marker", "the marker has no value"))?;
+        let mut reader = PayloadReader::new(payload(value)?, "backup marker");
+        let marker = BackupMarker {
+            seq: reader.u64()?,
+            input_offset: reader.u64()?,
+            failures: reader.u32()?,
+            thresholds: TaskThresholds {
+                theta: reader.f64()?,
+                items: reader.u64()?,
+                outputs: reader.u64()?,
+            },
+            clean: match reader.u8()? {
+                0 => false,
+                1 => true,
+                other => return Err(CoreError::undecodable("backup marker", format!("clean flag {other}"))),
+            },
+        };
+        reader.finish()?;
+        Ok(marker)
+    }
+}
+
+/// Reads a changelog partition the way compaction leaves it: the latest record per
+/// key, and the last marker. Feed it the records in log order, compacted or not;
+/// the result is the same either way, which is what makes recovery safe under
+/// compaction.
+#[derive(Clone, Debug, Default)]
+pub struct ChangelogReader {
+    latest: FxHashMap<EntryBytes, EntryBytes>,
+    marker: Option<BackupEntry>,
+    records: u64,
+}
+
+/// What a starting task restores: the latest value of every key (deletions
+/// dropped, as compaction eventually drops them) and the last marker.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChangelogState {
+    pub entries: Vec<BackupEntry>,
+    pub marker: Option<BackupMarker>,
+    /// Records read, markers included.
+    pub records: u64,
+}
+
+impl ChangelogReader {
+    pub fn new() -> Self {
+        ChangelogReader::default()
+    }
+
+    /// Takes the next record of the log.
+    pub fn push(&mut self, entry: BackupEntry) {
+        self.records += 1;
+        if BackupMarker::is_marker(&entry) {
+            self.marker = Some(entry);
+            return;
+        }
+        match entry.value {
+            Some(value) => {
+                self.latest.insert(entry.key, value);
+            }
+            None => {
+                self.latest.remove(&entry.key);
+            }
+        }
+    }
+
+    /// The state to restore. Fails only when the last marker cannot be decoded:
+    /// without it the task does not know where to resume.
+    pub fn finish(self) -> Result<ChangelogState, CoreError> {
+        let marker = self.marker.as_ref().map(BackupMarker::from_entry).transpose()?;
+        let mut entries: Vec<BackupEntry> = self
+            .latest
+            .into_iter()
+            .map(|(key, value)| BackupEntry {
+                key,
+                value: Some(value),
+            })
+            .collect();
+        // A deterministic order, so restores are repeatable.
+        entries.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        Ok(ChangelogState {
+            entries,
+            marker,
+            records: self.records,
+        })
+    }
+}
+
+/// Reads a whole changelog held in memory.
+pub fn read_changelog<'a>(log: impl IntoIterator<Item = &'a BackupEntry>) -> Result<ChangelogState, CoreError> {
+    let mut reader = ChangelogReader::new();
+    for entry in log {
+        reader.push(entry.clone());
+    }
+    reader.finish()
+}
+
+/// How a task starts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RecoveryPlan {
+    /// The input offset to resume from.
+    pub resume_offset: u64,
+    /// Failures counted so far, including this one if it is one.
+    pub failures: u32,
+    /// Whether this start recovers from a failure.
+    pub counted_failure: bool,
+    /// The worst-case error this recovery may have introduced.
+    pub introduced: ErrorBound,
+    /// Which record the start position came from.
+    pub source: ResumeSource,
+}
+
+/// Where a start position came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResumeSource {
+    /// The last marker in the changelog (the recovery point).
+    Marker,
+    /// The consumer group's committed offset: no changelog yet (or mode none).
+    Committed,
+    /// The partition's start: nothing at all yet.
+    Beginning,
+}
+
+impl RecoveryPlan {
+    /// A task that never ran: nothing to restore.
+    pub fn fresh(start_offset: u64) -> Self {
+        RecoveryPlan {
+            resume_offset: start_offset,
+            failures: 0,
+            counted_failure: false,
+            introduced: ErrorBound::default(),
+            source: ResumeSource::Beginning,
+        }
+    }
+
+    /// Decides from the last marker in the changelog. The recovery point is the
+    /// marker's offset: the restored state is the latest record per key, which
+    /// holds every backup up to that marker and at most one incomplete backup
+    /// after it (taken at most l items past the marker), so replaying from the
+    /// marker applies at most l items twice. A marker written by a clean stop
+    /// means an exact state and no failure. The committed offset is used only
+    /// where there is no marker (a task that never wrote one, or mode none, which
+    /// writes none).
+    pub fn decide(
+        mode: Mode,
+        last_marker: Option<&BackupMarker>,
+        committed: Option<u64>,
+        start_offset: u64,
+        constants: AnalysisConstants,
+    ) -> Self {
+        match (mode, last_marker) {
+            (Mode::None, _) | (_, None) => match committed {
+                Some(offset) => RecoveryPlan {
+                    resume_offset: offset,
+                    source: ResumeSource::Committed,
+                    ..RecoveryPlan::fresh(offset)
+                },
+                None => RecoveryPlan::fresh(start_offset),
+            },
+            (_, Some(marker)) if marker.clean => RecoveryPlan {
+                resume_offset: marker.input_offset,
+                failures: marker.failures,
+                counted_failure: false,
+                introduced: ErrorBound::default(),
+                source: ResumeSource::Marker,
+            },
+            (_, Some(marker)) => RecoveryPlan {
+                resume_offset: marker.input_offset,
+                failures: marker.failures.saturating_add(1),
+                counted_failure: true,
+                introduced: marker.thresholds.failure_bound(constants),
+                source: ResumeSource::Marker,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn marker(clean: bool) -> BackupMarker {
+        BackupMarker {
+            seq: 7,
+            input_offset: 1000,
+            failures: 2,
+            thresholds: TaskThresholds {
+                theta: 12.5,
+                items: 100,
+                outputs: 50,
+            },
+            clean,
+        }
+    }
+
+    const C: AnalysisConstants = AnalysisConstants { alpha: 2.0, beta: 1 };
+
+    fn entry(key: &[u8], value: Option<&[u8]>) -> BackupEntry {
+        BackupEntry {
+            key: entry_key(1, key),
+            value: value.map(versioned),
+        }
+    }
+
+    #[test]
+    fn marker_round_trips_and_rejects_garbage() {
+        let m = marker(true);
+        assert_eq!(BackupMarker::from_entry(&m.to_entry()).unwrap(), m);
+        let mut entry = m.to_entry();
+        entry.value.as_mut().unwrap().pop();
+        assert!(BackupMarker::from_entry(&entry).is_err());
+        let mut entry = m.to_entry();
+        entry.value.as_mut().unwrap()[0] = 2;
+        assert!(matches!(
+            BackupMarker::from_entry(&entry),
+            Err(CoreError::UnknownEncodingVersion { found: 2, .. })
+        ));
+        let mut entry = m.to_entry();
+        entry.value.as_mut().unwrap()[45] = 7;
+        assert!(matches!(
+            BackupMarker::from_entry(&entry),
+            Err(CoreError::Undecodable { .. })
+        ));
+        assert!(BackupMarker::from_entry(&BackupEntry {
+            key: BackupMarker::key(),
+            value: None
+        })
+        .is_err());
+    }
+
+    #[test]
+    fn the_reader_keeps_the_latest_record_per_key_and_the_last_marker() {
+        let first = BackupMarker {
+            seq: 1,
+            input_offset: 10,
+            ..marker(false)
+        };
+        let second = BackupMarker {
+            seq: 2,
+            input_offset: 20,
+            ..marker(false)
+        };
+        let log = vec![
+            entry(b"a", Some(b"1")),
+            entry(b"b", Some(b"1")),
+            first.to_entry(),
+            entry(b"a", Some(b"2")),
+            entry(b"b", None),
+            second.to_entry(),
+            entry(b"c", Some(b"3")),
+        ];
+        let state = read_changelog(&log).unwrap();
+        assert_eq!(state.marker, Some(second));
+        assert_eq!(state.records, 7);
+        assert_eq!(state.entries, vec![entry(b"a", Some(b"2")), entry(b"c", Some(b"3"))]);
+        // What compaction leaves of the same log reads the same.
+        let compacted = vec![entry(b"a", Some(b"2")), second.to_entry(), entry(b"c", Some(b"3"))];
+        let again = read_changelog(&compacted).unwrap();
+        assert_eq!((again.entries, again.marker), (state.entries, state.marker));
+        let mut broken = log.clone();
+        broken.push(BackupEntry {
+            key: BackupMarker::key(),
+            value: Some(versioned(b"short")),
+        });
+        assert!(
+            read_changelog(&broken).is_err(),
+            "an undecodable last marker is an error"
+        );
+    }
+
+    #[test]
+    fn a_clean_marker_continues_without_a_failure() {
+        let plan = RecoveryPlan::decide(Mode::Approximate, Some(&marker(true)), Some(900), 0, C);
+        assert!(!plan.counted_failure);
+        assert_eq!(plan.failures, 2);
+        assert_eq!(plan.resume_offset, 1000, "the marker, not the committed offset");
+        assert_eq!(plan.introduced, ErrorBound::default());
+        assert_eq!(plan.source, ResumeSource::Marker);
+    }
+
+    #[test]
+    fn a_crash_resumes_at_the_marker_counts_a_failure_and_reports_its_bound() {
+        let plan = RecoveryPlan::decide(Mode::Approximate, Some(&marker(false)), Some(1200), 0, C);
+        assert!(plan.counted_failure);
+        assert_eq!(plan.failures, 3);
+        assert_eq!(plan.resume_offset, 1000);
+        assert_eq!(plan.introduced.state, 12.5 + 100.0 * 2.0);
+        assert_eq!(plan.introduced.outputs, 50.0 + 100.0);
+    }
+
+    #[test]
+    fn without_a_marker_the_committed_offset_or_the_start() {
+        let plan = RecoveryPlan::decide(Mode::Approximate, None, None, 5, C);
+        assert_eq!(
+            (plan.resume_offset, plan.counted_failure, plan.source),
+            (5, false, ResumeSource::Beginning)
+        );
+        let plan = RecoveryPlan::decide(Mode::Approximate, None, Some(40), 5, C);
+        assert_eq!((plan.resume_offset, plan.source), (40, ResumeSource::Committed));
+        // Mode none ignores markers a differently configured run left behind.
+        let plan = RecoveryPlan::decide(Mode::None, Some(&marker(false)), Some(40), 5, C);
+        assert_eq!((plan.resume_offset, plan.counted_failure), (40, false));
+    }
+}

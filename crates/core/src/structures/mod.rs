@@ -1,0 +1,94 @@
+//! Fault-tolerant structures: state containers that know their divergence from the
+//! last acknowledged backup and write only what a backup needs.
+//!
+//! | structure | divergences | backup unit |
+//! | --- | --- | --- |
+//! | [`TrackedValue`] | absolute difference | the value |
+//! | [`TrackedVector`] | L1, L2, max difference at one index | (index, value) |
+//! | [`TrackedTable`] | L1, L2, max difference of one key, key count | (key, value) |
+//! | [`TrackedSet`] | member-count difference | members |
+//!
+//! Operators are built from these; so can a user's own operator be.
+
+mod set;
+mod slots;
+mod table;
+mod value;
+mod vector;
+
+use serde::{Deserialize, Serialize};
+
+pub use set::TrackedSet;
+pub use table::{TableKey, TrackedTable};
+pub use value::TrackedValue;
+pub use vector::TrackedVector;
+
+/// Which entries a backup writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackupScope {
+    /// What the divergence counts: for a max-difference state only the entries over
+    /// θ, otherwise every entry changed since it was last backed up. This is the
+    /// approximate mode's backup.
+    Drifted,
+    /// Every entry that differs from the backup, so that the backup equals the state
+    /// once acknowledged: exact mode, clean stops and rebalances.
+    Complete,
+}
+
+/// How the distance between the live state and its backup is measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Norm {
+    /// Manhattan distance: Σ |live − backed|. Adds up across keys and tasks.
+    L1,
+    /// Euclidean distance: √Σ (live − backed)².
+    L2,
+    /// The largest |live − backed| of one index or key. A per-key maximum: it needs
+    /// no split across parallel tasks, and only the keys over θ are backed up.
+    Max,
+    /// Hash tables only: the number of keys the backup does not hold yet.
+    KeyCount,
+}
+
+impl Norm {
+    /// Whether divergences of this kind add up across parallel tasks.
+    pub fn is_additive(self) -> bool {
+        !matches!(self, Norm::Max)
+    }
+}
+
+use crate::entry::BackupEntry;
+use crate::error::CoreError;
+
+/// What every fault-tolerant structure offers its operator: the three hooks of the
+/// operator model, per structure. An operator with several structures gives each a
+/// distinct tag, which prefixes the keys of its entries.
+pub trait Tracked {
+    /// The tag that prefixes this structure's entry keys.
+    fn tag(&self) -> u8;
+    /// Divergence from the last acknowledged backup.
+    fn divergence(&self) -> f64;
+    /// The task's current θ (only max-difference structures use it).
+    fn set_theta(&mut self, theta: f64);
+    /// Appends this structure's entries of backup `seq` to `out`.
+    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>);
+    /// Backup `seq` (and every earlier one) reached the store.
+    fn acknowledge(&mut self, seq: u64);
+    /// Backup `seq` did not reach the store.
+    fn fail(&mut self, seq: u64);
+    /// Applies one entry with this structure's tag.
+    fn restore(&mut self, entry: &BackupEntry) -> Result<(), CoreError>;
+}
+
+/// Checks that an entry belongs to the structure it is given to.
+pub(crate) fn check_tag(entry: &BackupEntry, expected: u8) -> Result<(), CoreError> {
+    let tag = entry.tag()?;
+    if tag == expected {
+        Ok(())
+    } else {
+        Err(CoreError::undecodable(
+            "entry key",
+            format!("structure tag {tag} given to the structure tagged {expected}"),
+        ))
+    }
+}

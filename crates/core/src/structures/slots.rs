@@ -1,0 +1,400 @@
+//! The drift-tracking engine shared by vectors and hash tables.
+//!
+//! Every slot holds its live value beside the value of the last *acknowledged*
+//! backup, so the divergence can be kept up to date on every update (D' = D + Δ)
+//! with no rescan. A backup snapshots the entries it writes; the baseline moves to
+//! that snapshot only when the backup is acknowledged, and does not move at all if
+//! it fails, which is what the Kafka mapping requires.
+
+use std::collections::VecDeque;
+
+use super::BackupScope;
+use super::Norm;
+
+const DIRTY: u8 = 1; // changed since it was last included in a backup (L1, L2, key count)
+const OVER: u8 = 2; // |live - backed| > θ (max difference)
+const PRESENT: u8 = 4; // included in an acknowledged backup (key count)
+const OWED: u8 = 8; // max difference: written by a backup that failed, so possibly in the store
+
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Slot {
+    live: f64,
+    backed: f64,
+}
+
+#[derive(Clone, Debug)]
+struct Pending {
+    seq: u64,
+    complete: bool,
+    values: Vec<(u32, f64)>,
+}
+
+/// Dense slots with a divergence kept incrementally against the last acknowledged
+/// backup.
+#[derive(Clone, Debug)]
+pub struct DriftSlots {
+    norm: Norm,
+    slots: Vec<Slot>,
+    flags: Vec<u8>,
+    dirty: Vec<u32>,
+    over: Vec<u32>,
+    /// Max difference: slots a failed backup wrote. The store may hold what it
+    /// wrote although it was reported failed, so the next backup writes them again
+    /// whatever their drift.
+    owed: Vec<u32>,
+    /// L1: Σ|d|; L2: Σd²; key count: slots never acknowledged.
+    sum: f64,
+    /// Max difference: the largest |d| among the slots flagged over θ.
+    over_max: f64,
+    /// Max difference: an upper bound of |d| over the slots not flagged.
+    running_max: f64,
+    /// Max difference: the largest |d| written since the last complete backup was
+    /// issued; becomes `running_max` when that backup is acknowledged.
+    since_complete: f64,
+    theta: f64,
+    pending: VecDeque<Pending>,
+}
+
+impl DriftSlots {
+    pub fn new(norm: Norm, len: usize) -> Self {
+        DriftSlots {
+            norm,
+            slots: vec![Slot::default(); len],
+            flags: vec![0; len],
+            dirty: Vec::new(),
+            over: Vec::new(),
+            owed: Vec::new(),
+            sum: 0.0,
+            over_max: 0.0,
+            running_max: 0.0,
+            since_complete: 0.0,
+            theta: f64::INFINITY,
+            pending: VecDeque::new(),
+        }
+    }
+
+    pub fn norm(&self) -> Norm {
+        self.norm
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Appends a slot with value zero that no backup holds yet.
+    pub fn push(&mut self) -> u32 {
+        let index = self.slots.len() as u32;
+        self.slots.push(Slot::default());
+        self.flags.push(0);
+        if self.norm == Norm::KeyCount {
+            self.sum += 1.0;
+            self.mark_dirty(index);
+        }
+        index
+    }
+
+    #[inline]
+    pub fn get(&self, index: u32) -> f64 {
+        self.slots[index as usize].live
+    }
+
+    /// Live values, slot by slot.
+    pub fn values(&self) -> impl Iterator<Item = f64> + '_ {
+        self.slots.iter().map(|slot| slot.live)
+    }
+
+    #[inline]
+    pub fn add(&mut self, index: u32, delta: f64) {
+        let old = self.slots[index as usize].live;
+        self.set(index, old + delta);
+    }
+
+    #[inline]
+    pub fn set(&mut self, index: u32, value: f64) {
+        let slot = &mut self.slots[index as usize];
+        let old = slot.live;
+        slot.live = value;
+        let backed = slot.backed;
+        match self.norm {
+            Norm::L1 => {
+                self.sum += (value - backed).abs() - (old - backed).abs();
+                self.mark_dirty(index);
+            }
+            Norm::L2 => {
+                let (before, after) = (old - backed, value - backed);
+                self.sum += after * after - before * before;
+                self.mark_dirty(index);
+            }
+            Norm::KeyCount => self.mark_dirty(index),
+            Norm::Max => {
+                let drift = (value - backed).abs();
+                self.running_max = self.running_max.max(drift);
+                self.since_complete = self.since_complete.max(drift);
+                if drift > self.theta || self.flags[index as usize] & OVER != 0 {
+                    self.update_over(index, drift);
+                }
+            }
+        }
+    }
+
+    #[inline]
+    fn mark_dirty(&mut self, index: u32) {
+        let flags = &mut self.flags[index as usize];
+        if *flags & DIRTY == 0 {
+            *flags |= DIRTY;
+            self.dirty.push(index);
+        }
+    }
+
+    /// Keeps the over-θ list and its maximum exact when a slot over θ, or one
+    /// flagged before, changes. Only such slots take this path.
+    #[cold]
+    fn update_over(&mut self, index: u32, drift: f64) {
+        let flagged = self.flags[index as usize] & OVER != 0;
+        if drift > self.theta {
+            if !flagged {
+                self.flags[index as usize] |= OVER;
+                self.over.push(index);
+            }
+            if drift >= self.over_max {
+                self.over_max = drift;
+                return;
+            }
+        } else {
+            // Moved back within θ: no backup owes it any more.
+            self.flags[index as usize] &= !OVER;
+            self.over.retain(|&i| i != index);
+        }
+        self.over_max = self.largest_over_drift();
+    }
+
+    fn largest_over_drift(&self) -> f64 {
+        self.over
+            .iter()
+            .map(|&i| {
+                let slot = self.slots[i as usize];
+                (slot.live - slot.backed).abs()
+            })
+            .fold(0.0, f64::max)
+    }
+
+    /// The divergence from the last acknowledged backup.
+    ///
+    /// Exact for L1, L2 and key count. For the max difference it is exact whenever
+    /// it exceeds θ (the only case that triggers a backup) and otherwise an upper
+    /// bound that never exceeds θ once a partial backup left small drifts behind.
+    #[inline]
+    pub fn divergence(&self) -> f64 {
+        match self.norm {
+            Norm::L1 | Norm::KeyCount => self.sum.max(0.0),
+            Norm::L2 => self.sum.max(0.0).sqrt(),
+            Norm::Max => {
+                if self.over.is_empty() {
+                    self.running_max.min(self.theta)
+                } else {
+                    self.over_max
+                }
+            }
+        }
+    }
+
+    /// θ decides which slots a max-difference backup must hold; changing it (after a
+    /// recovery or a window reset) rescans the slots once.
+    pub fn set_theta(&mut self, theta: f64) {
+        self.theta = theta;
+        if self.norm != Norm::Max {
+            return;
+        }
+        for &index in &self.over {
+            self.flags[index as usize] &= !OVER;
+        }
+        self.over.clear();
+        self.over_max = 0.0;
+        for index in 0..self.slots.len() {
+            let slot = self.slots[index];
+            let drift = (slot.live - slot.backed).abs();
+            if drift > theta {
+                self.update_over(index as u32, drift);
+            }
+        }
+    }
+
+    /// Snapshots the entries a backup must write and returns their slot indices and
+    /// values. `Drifted` holds what the divergence counts (for the max difference only
+    /// the slots over θ); `Complete` holds every slot that differs from the backup, so
+    /// that after its acknowledgement the backup equals the state at this moment.
+    pub fn backup(&mut self, seq: u64, scope: BackupScope) -> &[(u32, f64)] {
+        let mut values = Vec::new();
+        match (self.norm, scope) {
+            (Norm::Max, BackupScope::Drifted) => {
+                values.extend(self.over.iter().map(|&i| (i, self.slots[i as usize].live)));
+                self.take_owed(&mut values, false);
+            }
+            (Norm::Max, BackupScope::Complete) => {
+                // Max-difference slots keep no dirty list (it would cost a second
+                // memory access per update); complete backups are rare, so scan.
+                values.extend(
+                    self.slots
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, slot)| slot.live != slot.backed)
+                        .map(|(i, slot)| (i as u32, slot.live)),
+                );
+                self.take_owed(&mut values, true);
+                self.since_complete = 0.0;
+            }
+            _ => {
+                for &index in &self.dirty {
+                    let flags = &mut self.flags[index as usize];
+                    // A restore may have cleaned a slot that is still listed.
+                    if *flags & DIRTY != 0 {
+                        *flags &= !DIRTY;
+                        values.push((index, self.slots[index as usize].live));
+                    }
+                }
+                self.dirty.clear();
+            }
+        }
+        let complete = scope == BackupScope::Complete;
+        self.pending.push_back(Pending { seq, complete, values });
+        self.pending.back().map(|p| p.values.as_slice()).unwrap_or_default()
+    }
+
+    /// Adds the owed slots that `values` does not hold yet, and clears the debt.
+    /// `complete` says which slots `values` holds already: those that differ from
+    /// the baseline (a complete backup) or those over θ (a drifted one).
+    fn take_owed(&mut self, values: &mut Vec<(u32, f64)>, complete: bool) {
+        for index in self.owed.drain(..) {
+            let flags = &mut self.flags[index as usize];
+            *flags &= !OWED;
+            let slot = self.slots[index as usize];
+            let included = if complete {
+                slot.live != slot.backed
+            } else {
+                *flags & OVER != 0
+            };
+            if !included {
+                values.push((index, slot.live));
+            }
+        }
+    }
+
+    /// Moves the baseline to every pending backup up to and including `seq`.
+    pub fn acknowledge(&mut self, seq: u64) {
+        while self.pending.front().is_some_and(|p| p.seq <= seq) {
+            let Some(done) = self.pending.pop_front() else { break };
+            let later_complete = self.pending.iter().any(|p| p.complete);
+            if done.complete && !later_complete && self.norm == Norm::Max {
+                // Every slot not written since the snapshot now equals its backup;
+                // the written ones are measured again as they are rebased.
+                self.running_max = self.since_complete;
+            }
+            for (index, value) in done.values {
+                self.rebase(index, value);
+            }
+        }
+        if self.norm == Norm::Max {
+            let flags = &self.flags;
+            self.over.retain(|&i| flags[i as usize] & OVER != 0);
+            self.over_max = self.largest_over_drift();
+        }
+    }
+
+    fn rebase(&mut self, index: u32, value: f64) {
+        let slot = &mut self.slots[index as usize];
+        let (live, old) = (slot.live, slot.backed);
+        slot.backed = value;
+        let flags = &mut self.flags[index as usize];
+        match self.norm {
+            Norm::L1 => self.sum += (live - value).abs() - (live - old).abs(),
+            Norm::L2 => self.sum += (live - value).powi(2) - (live - old).powi(2),
+            Norm::KeyCount => {
+                if *flags & PRESENT == 0 {
+                    *flags |= PRESENT;
+                    self.sum -= 1.0;
+                }
+            }
+            Norm::Max => {
+                let drift = (live - value).abs();
+                // A value that moved back after the snapshot can drift again.
+                self.running_max = self.running_max.max(drift);
+                if drift > self.theta {
+                    *flags |= OVER;
+                    if !self.over.contains(&index) {
+                        self.over.push(index);
+                    }
+                } else {
+                    *flags &= !OVER;
+                }
+            }
+        }
+    }
+
+    /// Forgets a pending backup that the store refused: the baseline stays where
+    /// it was, and its slots are owed to the next backup.
+    pub fn fail(&mut self, seq: u64) {
+        let Some(position) = self.pending.iter().position(|p| p.seq == seq) else {
+            return;
+        };
+        let Some(failed) = self.pending.remove(position) else {
+            return;
+        };
+        // The store may hold what the failed backup wrote (a timed-out write can
+        // still land), so every slot it wrote is owed again, even one whose drift
+        // from the acknowledged baseline is now small.
+        for (index, _) in failed.values {
+            if self.norm == Norm::Max {
+                let flags = &mut self.flags[index as usize];
+                if *flags & OWED == 0 {
+                    *flags |= OWED;
+                    self.owed.push(index);
+                }
+            } else {
+                self.mark_dirty(index);
+            }
+        }
+    }
+
+    /// Sets a slot from a backup: live and backed agree, so it adds no divergence.
+    /// Meant for a freshly built structure.
+    pub fn restore(&mut self, index: u32, value: f64) {
+        let slot = &mut self.slots[index as usize];
+        let old_drift = slot.live - slot.backed;
+        slot.live = value;
+        slot.backed = value;
+        let flags = &mut self.flags[index as usize];
+        *flags &= !DIRTY;
+        match self.norm {
+            Norm::L1 => self.sum -= old_drift.abs(),
+            Norm::L2 => self.sum -= old_drift * old_drift,
+            Norm::KeyCount => {
+                if *flags & PRESENT == 0 {
+                    *flags |= PRESENT;
+                    self.sum -= 1.0;
+                }
+            }
+            Norm::Max => *flags &= !OVER,
+        }
+        if self.norm == Norm::Max {
+            let flags = &self.flags;
+            self.over.retain(|&i| flags[i as usize] & OVER != 0);
+        }
+    }
+
+    /// The divergence function between two states of the same shape.
+    pub fn distance(&self, other: &DriftSlots) -> f64 {
+        let len = self.slots.len().max(other.slots.len());
+        let value = |slots: &[Slot], i: usize| slots.get(i).map_or(0.0, |s| s.live);
+        let diffs = (0..len).map(|i| (value(&self.slots, i) - value(&other.slots, i)).abs());
+        match self.norm {
+            Norm::L1 => diffs.sum(),
+            Norm::L2 => diffs.map(|d| d * d).sum::<f64>().sqrt(),
+            Norm::Max => diffs.fold(0.0, f64::max),
+            Norm::KeyCount => self.slots.len().abs_diff(other.slots.len()) as f64,
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! A single number.
+
+use super::BackupScope;
+use super::{check_tag, Tracked};
+use crate::entry::{decode_f64, encode_f64, entry_key, BackupEntry};
+use crate::error::CoreError;
+
+/// One number whose divergence is the absolute difference from its backup.
+#[derive(Clone, Debug)]
+pub struct TrackedValue {
+    tag: u8,
+    live: f64,
+    backed: f64,
+    /// The values of backups in flight, oldest first.
+    pending: Vec<(u64, f64)>,
+    /// A failed backup wrote the value: the store may hold it, so the next backup
+    /// writes the value again even if it equals the baseline.
+    owed: bool,
+}
+
+impl TrackedValue {
+    pub fn new(tag: u8) -> Self {
+        TrackedValue {
+            tag,
+            live: 0.0,
+            backed: 0.0,
+            pending: Vec::new(),
+            owed: false,
+        }
+    }
+
+    #[inline]
+    pub fn get(&self) -> f64 {
+        self.live
+    }
+
+    #[inline]
+    pub fn set(&mut self, value: f64) {
+        self.live = value;
+    }
+
+    #[inline]
+    pub fn add(&mut self, delta: f64) {
+        self.live += delta;
+    }
+
+    pub fn distance(&self, other: &TrackedValue) -> f64 {
+        (self.live - other.live).abs()
+    }
+}
+
+impl Tracked for TrackedValue {
+    fn tag(&self) -> u8 {
+        self.tag
+    }
+
+    #[inline]
+    fn divergence(&self) -> f64 {
+        (self.live - self.backed).abs()
+    }
+
+    fn set_theta(&mut self, _theta: f64) {}
+
+    fn backup(&mut self, seq: u64, _scope: BackupScope, out: &mut Vec<BackupEntry>) {
+        let unchanged = self.pending.last().map_or(self.backed, |&(_, v)| v) == self.live;
+        if unchanged && !self.owed {
+            return;
+        }
+        self.owed = false;
+        self.pending.push((seq, self.live));
+        out.push(BackupEntry {
+            key: entry_key(self.tag, &[]),
+            value: Some(encode_f64(self.live)),
+        });
+    }
+
+    fn acknowledge(&mut self, seq: u64) {
+        let done = self.pending.iter().take_while(|(s, _)| *s <= seq).count();
+        if let Some(&(_, value)) = self.pending[..done].last() {
+            self.backed = value;
+        }
+        self.pending.drain(..done);
+    }
+
+    fn fail(&mut self, seq: u64) {
+        let before = self.pending.len();
+        self.pending.retain(|(s, _)| *s != seq);
+        self.owed |= self.pending.len() != before;
+    }
+
+    fn restore(&mut self, entry: &BackupEntry) -> Result<(), CoreError> {
+        check_tag(entry, self.tag)?;
+        let value = match &entry.value {
+            Some(bytes) => decode_f64(bytes)?,
+            None => 0.0,
+        };
+        self.live = value;
+        self.backed = value;
+        Ok(())
+    }
+}

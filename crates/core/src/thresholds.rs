@@ -1,0 +1,406 @@
+//! From the user's global thresholds Θ, L, Γ to one task's θ, l, γ.
+//!
+//! Bounds (α, β from [`AnalysisConstants`]):
+//!
+//! * **Halving** (default): a task starts at Θ/2, L/2, Γ/2 and halves after every
+//!   recovery, so failure k (counting from 0) runs with θ_k = Θ/2^(k+1). One failure
+//!   adds at most θ_k + l_k·α to the state and γ_k + l_k·β lost or repeated outputs;
+//!   over any number of failures the sums stay below Θ + L·α and Γ + L·β. Once l or
+//!   γ reach their floors (1 item, β outputs) they stop halving and each further
+//!   failure adds its floor: [`ThresholdPolicy::bound_after`] sums the real values.
+//! * **Fixed**: θ = Θ, l = L, γ = Γ forever, for unbounded streams where failures
+//!   never stop; after k failures the bound is k·(Θ + L·α).
+//! * **Parallel tasks**: when divergences add up across the n tasks of an operator,
+//!   each task uses Θ/n, L/n, Γ/n before halving (Θ/(2n) at the start), so the
+//!   tasks together keep the global bound. A per-key maximum needs no split: every
+//!   key lives in one partition.
+//! * **Pipelines**: with m chained operators, where one input makes at most β_p
+//!   outputs, operator i (1-based) uses Θ/β_p^(m−i) before halving, so an error
+//!   multiplied by β_p at each later stage still sums to the bound.
+//! * **Windows**: a hopping window counts failures from the window's start, so the
+//!   thresholds return to Θ/2 when it closes; a sliding window forgets a failure once
+//!   it is older than the window; a decaying window keeps every failure (thresholds
+//!   as without windows).
+
+use serde::{Deserialize, Serialize};
+
+use super::error::CoreError;
+use super::operator::AnalysisConstants;
+
+/// The user's thresholds, global to a pipeline operator.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GlobalThresholds {
+    /// Θ: the most the state may diverge from its last backup.
+    pub theta: f64,
+    /// L: the most input items not covered by a backup and commit.
+    pub items: u64,
+    /// Γ: the most outputs sent and not acknowledged.
+    pub outputs: u64,
+}
+
+impl GlobalThresholds {
+    pub fn new(theta: f64, items: u64, outputs: u64) -> Result<Self, CoreError> {
+        if theta.is_nan() {
+            return Err(invalid("theta", theta, "NaN bounds nothing"));
+        }
+        if theta.is_infinite() {
+            return Err(invalid(
+                "theta",
+                theta,
+                "must be finite; use mode `none` for no backups",
+            ));
+        }
+        if theta < 0.0 {
+            return Err(invalid("theta", theta, "a divergence is never negative"));
+        }
+        if items == 0 {
+            return Err(invalid(
+                "items (L)",
+                items,
+                "must be at least 1: the item being processed is never covered",
+            ));
+        }
+        if outputs == 0 {
+            return Err(invalid(
+                "outputs (Γ)",
+                outputs,
+                "must be at least 1 or no output can be sent",
+            ));
+        }
+        Ok(GlobalThresholds { theta, items, outputs })
+    }
+}
+
+fn invalid(name: &'static str, value: impl ToString, reason: &'static str) -> CoreError {
+    CoreError::InvalidThreshold {
+        name,
+        value: value.to_string(),
+        reason,
+    }
+}
+
+/// One task's thresholds at a moment.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskThresholds {
+    pub theta: f64,
+    pub items: u64,
+    pub outputs: u64,
+}
+
+impl TaskThresholds {
+    /// The worst-case error one failure under these thresholds can introduce.
+    pub fn failure_bound(&self, constants: AnalysisConstants) -> ErrorBound {
+        ErrorBound {
+            state: self.theta + self.items as f64 * constants.alpha,
+            outputs: self.outputs as f64 + (self.items * constants.beta) as f64,
+        }
+    }
+}
+
+/// A worst-case error: divergence of the state, and lost or repeated outputs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBound {
+    pub state: f64,
+    pub outputs: f64,
+}
+
+impl std::ops::Add for ErrorBound {
+    type Output = ErrorBound;
+    fn add(self, other: ErrorBound) -> ErrorBound {
+        ErrorBound {
+            state: self.state + other.state,
+            outputs: self.outputs + other.outputs,
+        }
+    }
+}
+
+/// How thresholds react to failures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailurePolicy {
+    #[default]
+    Halving,
+    Fixed,
+}
+
+/// Where the task sits: parallel copies and pipeline position.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Placement {
+    /// n: tasks of this operator (input partitions).
+    pub parallelism: u32,
+    /// i: this operator's position in the pipeline, 1-based.
+    pub stage: u32,
+    /// m: operators in the pipeline.
+    pub stages: u32,
+    /// β_p: the most outputs one input of a stage makes downstream.
+    pub stage_fanout: f64,
+}
+
+impl Default for Placement {
+    fn default() -> Self {
+        Placement {
+            parallelism: 1,
+            stage: 1,
+            stages: 1,
+            stage_fanout: 1.0,
+        }
+    }
+}
+
+impl Placement {
+    pub fn validate(&self) -> Result<(), CoreError> {
+        if self.parallelism == 0 {
+            return Err(CoreError::parameter(
+                "parallelism",
+                0,
+                "an operator has at least one task",
+            ));
+        }
+        if self.stages == 0 || self.stage == 0 || self.stage > self.stages {
+            return Err(CoreError::parameter(
+                "stage",
+                format!("{}/{}", self.stage, self.stages),
+                "the stage must be between 1 and the number of stages",
+            ));
+        }
+        if !(self.stage_fanout.is_finite() && self.stage_fanout >= 1.0) {
+            return Err(CoreError::parameter(
+                "stage_fanout",
+                self.stage_fanout,
+                "an input makes at least one output downstream (β ≥ 1) and β is finite",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Derives a task's thresholds from the global ones.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ThresholdPolicy {
+    pub global: GlobalThresholds,
+    pub failures: FailurePolicy,
+    pub placement: Placement,
+    /// Whether the operator's divergence adds up across tasks (see
+    /// [`crate::structures::Norm::is_additive`]).
+    pub additive: bool,
+    /// β of this operator: γ never falls below it, or no item could be taken.
+    pub min_outputs: u64,
+}
+
+impl ThresholdPolicy {
+    pub fn new(
+        global: GlobalThresholds,
+        failures: FailurePolicy,
+        placement: Placement,
+        additive: bool,
+        constants: AnalysisConstants,
+    ) -> Result<Self, CoreError> {
+        placement.validate()?;
+        let policy = ThresholdPolicy {
+            global,
+            failures,
+            placement,
+            additive,
+            min_outputs: constants.beta.max(1),
+        };
+        if policy.split_outputs() < constants.beta as f64 {
+            return Err(invalid(
+                "outputs (Γ)",
+                global.outputs,
+                "per task it must allow at least β outputs of one item in flight",
+            ));
+        }
+        Ok(policy)
+    }
+
+    fn parallel_divisor(&self) -> f64 {
+        if self.additive {
+            self.placement.parallelism as f64
+        } else {
+            1.0
+        }
+    }
+
+    fn split_theta(&self) -> f64 {
+        let later_stages = (self.placement.stages - self.placement.stage) as i32;
+        self.global.theta / self.parallel_divisor() / self.placement.stage_fanout.powi(later_stages)
+    }
+
+    fn split_items(&self) -> f64 {
+        self.global.items as f64 / self.parallel_divisor()
+    }
+
+    fn split_outputs(&self) -> f64 {
+        self.global.outputs as f64 / self.parallel_divisor()
+    }
+
+    /// The thresholds of a task that has recovered from `failures` failures.
+    pub fn for_failures(&self, failures: u32) -> TaskThresholds {
+        let divisor = match self.failures {
+            FailurePolicy::Fixed => 1.0,
+            FailurePolicy::Halving => 2f64.powi(failures.saturating_add(1).min(1023) as i32),
+        };
+        TaskThresholds {
+            theta: self.split_theta() / divisor,
+            items: ((self.split_items() / divisor).floor() as u64).max(1),
+            outputs: ((self.split_outputs() / divisor).floor() as u64).max(self.min_outputs),
+        }
+    }
+
+    /// The worst-case total error after `failures` failures: the sum of each
+    /// failure's bound under the thresholds in force when it happened.
+    pub fn bound_after(&self, failures: u32, constants: AnalysisConstants) -> ErrorBound {
+        (0..failures)
+            .map(|k| self.for_failures(k).failure_bound(constants))
+            .fold(ErrorBound::default(), |a, b| a + b)
+    }
+
+    /// The bound that halving guarantees for any number of failures, while l and γ
+    /// stay above their floors: Θ + L·α and Γ + L·β (split for this task).
+    pub fn limit(&self, constants: AnalysisConstants) -> ErrorBound {
+        ErrorBound {
+            state: self.split_theta() + self.split_items() * constants.alpha,
+            outputs: self.split_outputs() + self.split_items() * constants.beta as f64,
+        }
+    }
+}
+
+/// How windows of the input forget failures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum WindowPolicy {
+    /// No windows: every failure counts for good.
+    #[default]
+    Unbounded,
+    /// Fixed windows of `length` items: failures count from the window's start.
+    Hopping { length: u64 },
+    /// A window of the last `length` items: a failure stops counting once it is
+    /// older than the window.
+    Sliding { length: u64 },
+    /// A decaying window: every failure counts (the weights decay, the thresholds
+    /// stay).
+    Decaying,
+}
+
+impl WindowPolicy {
+    /// The failure count that sets the thresholds at input position `now`, given the
+    /// positions at which failures happened.
+    pub fn effective_failures(&self, failure_positions: &[u64], now: u64) -> u32 {
+        let counted = |from: u64| failure_positions.iter().filter(|&&p| p >= from).count() as u32;
+        match *self {
+            WindowPolicy::Unbounded | WindowPolicy::Decaying => failure_positions.len() as u32,
+            WindowPolicy::Hopping { length } => counted(now - now % length.max(1)),
+            WindowPolicy::Sliding { length } => counted(now.saturating_sub(length)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ONE: AnalysisConstants = AnalysisConstants { alpha: 1.0, beta: 1 };
+
+    fn policy(theta: f64, items: u64, outputs: u64) -> ThresholdPolicy {
+        ThresholdPolicy::new(
+            GlobalThresholds::new(theta, items, outputs).unwrap(),
+            FailurePolicy::Halving,
+            Placement::default(),
+            true,
+            ONE,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn invalid_thresholds_are_typed_errors() {
+        for (theta, items, outputs) in [
+            (f64::NAN, 1, 1),
+            (-1.0, 1, 1),
+            (f64::INFINITY, 1, 1),
+            (1.0, 0, 1),
+            (1.0, 1, 0),
+        ] {
+            let err = GlobalThresholds::new(theta, items, outputs).unwrap_err();
+            assert!(matches!(err, CoreError::InvalidThreshold { .. }), "{err}");
+            assert!(!err.to_string().is_empty());
+        }
+        assert!(GlobalThresholds::new(0.0, 1, 1).is_ok());
+    }
+
+    #[test]
+    fn halving_starts_at_half_and_halves() {
+        let p = policy(1024.0, 1024, 1024);
+        assert_eq!(p.for_failures(0).theta, 512.0);
+        assert_eq!(p.for_failures(1).theta, 256.0);
+        assert_eq!(p.for_failures(3).items, 64);
+        assert_eq!(p.for_failures(20).items, 1, "l floors at one item");
+        assert_eq!(p.for_failures(20).outputs, 1, "γ floors at β");
+    }
+
+    #[test]
+    fn halving_bound_does_not_grow_with_failures() {
+        let p = policy(1e5, 1 << 20, 1 << 20);
+        let limit = p.limit(ONE);
+        for k in [1, 5, 10, 19] {
+            let bound = p.bound_after(k, ONE);
+            assert!(bound.state < limit.state, "k={k}: {bound:?} vs {limit:?}");
+            assert!(bound.outputs < limit.outputs);
+        }
+    }
+
+    #[test]
+    fn fixed_bound_grows_linearly() {
+        let mut p = policy(100.0, 10, 10);
+        p.failures = FailurePolicy::Fixed;
+        assert_eq!(p.for_failures(7).theta, 100.0);
+        assert_eq!(p.bound_after(3, ONE).state, 3.0 * (100.0 + 10.0));
+    }
+
+    #[test]
+    fn splits_for_parallel_tasks_and_pipelines() {
+        let global = GlobalThresholds::new(800.0, 800, 800).unwrap();
+        let placement = Placement {
+            parallelism: 4,
+            stage: 1,
+            stages: 2,
+            stage_fanout: 2.0,
+        };
+        let additive = ThresholdPolicy::new(global, FailurePolicy::Halving, placement, true, ONE).unwrap();
+        assert_eq!(additive.for_failures(0).theta, 800.0 / 4.0 / 2.0 / 2.0);
+        assert_eq!(additive.for_failures(0).items, 100);
+        let per_key = ThresholdPolicy::new(global, FailurePolicy::Halving, placement, false, ONE).unwrap();
+        assert_eq!(per_key.for_failures(0).theta, 800.0 / 2.0 / 2.0);
+        let last_stage = Placement { stage: 2, ..placement };
+        let last = ThresholdPolicy::new(global, FailurePolicy::Halving, last_stage, false, ONE).unwrap();
+        assert_eq!(last.for_failures(0).theta, 400.0);
+        let bad = Placement { stage: 3, ..placement };
+        assert!(ThresholdPolicy::new(global, FailurePolicy::Halving, bad, false, ONE).is_err());
+    }
+
+    #[test]
+    fn gamma_must_fit_one_item() {
+        let global = GlobalThresholds::new(1.0, 10, 3).unwrap();
+        let wide = AnalysisConstants { alpha: 1.0, beta: 8 };
+        assert!(ThresholdPolicy::new(global, FailurePolicy::Halving, Placement::default(), true, wide).is_err());
+    }
+
+    #[test]
+    fn windows_forget_failures() {
+        let failures = [10, 150, 260];
+        assert_eq!(WindowPolicy::Unbounded.effective_failures(&failures, 300), 3);
+        assert_eq!(WindowPolicy::Decaying.effective_failures(&failures, 300), 3);
+        assert_eq!(
+            WindowPolicy::Hopping { length: 100 }.effective_failures(&failures, 270),
+            1
+        );
+        assert_eq!(
+            WindowPolicy::Hopping { length: 100 }.effective_failures(&failures, 300),
+            0
+        );
+        assert_eq!(
+            WindowPolicy::Sliding { length: 200 }.effective_failures(&failures, 300),
+            2
+        );
+    }
+}

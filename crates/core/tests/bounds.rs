@@ -1,0 +1,418 @@
+//! Proof by test: random streams, random crash points (also during backups and right
+//! after recoveries), random poll batches, acknowledgements that arrive late and
+//! in batches, changelog writes reported failed that reached the log all the same,
+//! and a changelog compacted at random, recovered by the task driver the service
+//! runs. The harness checks at every crash that no output before the recovery
+//! point is lost and that at most l·β outputs repeat, and after every recovery
+//! that the caught-up state is within θ + l·α of the lost one, with θ and l
+//! computed from Θ, L and k on its own. Here we also check that operators end
+//! within the summed bound of a failure-free run, and that a store which drops
+//! backups, a driver that skips them and a controller that never halves are
+//! caught.
+
+use afstream_core::harness::{simulate, SimulationOptions, SimulationReport, Violation};
+use afstream_core::operators::*;
+use afstream_core::workloads;
+use afstream_core::{
+    ControllerConfig, ControllerFaults, DriverFaults, ExactInterval, GlobalThresholds, Mode, Operator,
+};
+use proptest::prelude::*;
+
+fn controller(op: &impl Operator, mode: Mode, theta: f64, items: u64, outputs: u64) -> ControllerConfig {
+    let global = GlobalThresholds::new(theta, items, outputs).unwrap();
+    ControllerConfig::single_task(mode, global, op.constants(), op.norm().is_additive()).unwrap()
+}
+
+#[derive(Clone, Debug)]
+struct Failures {
+    seed: u64,
+    crash_after: Vec<u64>,
+    during_backup: bool,
+    max_ack_delay: u64,
+    max_batch: usize,
+    write_failure_rate: f64,
+}
+
+impl Failures {
+    fn options(&self) -> SimulationOptions {
+        SimulationOptions {
+            seed: self.seed,
+            crash_after: self.crash_after.clone(),
+            crash_during_backup: self.during_backup,
+            max_ack_delay: self.max_ack_delay,
+            max_batch: self.max_batch,
+            write_failure_rate: self.write_failure_rate,
+            ..SimulationOptions::default()
+        }
+    }
+}
+
+/// 1 to 6 crash points over `len` items; some come in pairs a few items apart, so a
+/// task also crashes right after a recovery.
+fn failures(len: u64) -> impl Strategy<Value = Failures> {
+    (
+        any::<u64>(),
+        prop::collection::vec((1..len, 0u64..4, any::<bool>()), 1..6),
+        any::<bool>(),
+        1u64..16,
+        1usize..200,
+        prop_oneof![Just(0.0), Just(0.2)],
+    )
+        .prop_map(
+            |(seed, points, during_backup, max_ack_delay, max_batch, write_failure_rate)| {
+                let mut crash_after = Vec::new();
+                for (at, gap, twice) in points {
+                    crash_after.push(at);
+                    if twice {
+                        crash_after.push(at + gap);
+                    }
+                }
+                crash_after.sort_unstable();
+                Failures {
+                    seed,
+                    crash_after,
+                    during_backup,
+                    max_ack_delay,
+                    max_batch,
+                    write_failure_rate,
+                }
+            },
+        )
+}
+
+/// 24 cases from a fixed seed, so CI is repeatable; `AFSTREAM_PROPTEST_CASES=N` runs
+/// more and `AFSTREAM_PROPTEST_SEED=random` (or a number) explores new streams.
+fn config() -> ProptestConfig {
+    let cases = std::env::var("AFSTREAM_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24);
+    let rng_seed = match std::env::var("AFSTREAM_PROPTEST_SEED").ok().as_deref() {
+        Some("random") => proptest::test_runner::RngSeed::Random,
+        Some(n) => proptest::test_runner::RngSeed::Fixed(n.parse().unwrap_or(0xaf)),
+        None => proptest::test_runner::RngSeed::Fixed(0xaf),
+    };
+    ProptestConfig {
+        cases,
+        rng_seed,
+        failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        ..ProptestConfig::default()
+    }
+}
+
+fn assert_no_violations(report: &SimulationReport) {
+    assert!(report.violations.is_empty(), "violations: {:?}", report.violations);
+    assert!(!report.recoveries.is_empty() || report.items_processed() > 0);
+}
+
+/// Runs with the failures and without, checks the harness's per-crash properties,
+/// and returns (with failures, without, the total bound of all failures).
+fn run_both<O>(build: &dyn Fn() -> O, config: ControllerConfig, stream: &[O::Input], failures: &Failures) -> (O, O, f64)
+where
+    O: Operator + Clone + 'static,
+    O::Output: Clone,
+{
+    let (failed, report) = simulate(config, build, stream, failures.options()).unwrap();
+    assert_no_violations(&report);
+    let quiet = SimulationOptions {
+        seed: failures.seed,
+        ..SimulationOptions::default()
+    };
+    let (clean, clean_report) = simulate(config, build, stream, quiet).unwrap();
+    assert!(clean_report.violations.is_empty());
+    // The harness computed each failure's bound from Θ, L and k on its own.
+    let bound = report.recoveries.iter().map(|r| r.bound).sum();
+    (failed, clean, bound)
+}
+
+fn within(observed: f64, bound: f64) -> bool {
+    observed <= bound * (1.0 + 1e-9) + 1e-9
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn heavy_hitters_stay_within_the_bound(
+        seed in any::<u64>(),
+        theta in 1_000.0..60_000.0f64,
+        items in 1u64..64,
+        outputs in 2u64..32,
+        failures in failures(2_000),
+    ) {
+        let stream = workloads::zipf_flows(2_000, 300, 1.1, seed);
+        let config = HeavyHitterConfig { max_weight: 1500, threshold: HitterThreshold::Bytes(50_000.0), ..Default::default() };
+        let build = move || HeavyHitters::new(config).unwrap();
+        let cfg = controller(&build(), Mode::Approximate, theta, items, outputs);
+        let (failed, clean, bound) = run_both(&build, cfg, &stream, &failures);
+        let observed = failed.distance(&clean);
+        prop_assert!(within(observed, bound), "final drift {observed} over bound {bound}");
+    }
+
+    #[test]
+    fn join_stays_within_the_bound(
+        seed in any::<u64>(),
+        theta in 1.0..200.0f64,
+        items in 1u64..64,
+        failures in failures(3_000),
+    ) {
+        let stream = workloads::join_streams(3_000, 50, seed);
+        let config = JoinConfig { sampling_rate: 0.3, emit_every: 50 };
+        let build = move || OnlineJoin::new(config).unwrap();
+        let cfg = controller(&build(), Mode::Approximate, theta, items, 16);
+        let (failed, clean, bound) = run_both(&build, cfg, &stream, &failures);
+        let observed = failed.distance(&clean);
+        prop_assert!(within(observed, bound), "final drift {observed} over bound {bound}");
+    }
+
+    #[test]
+    fn keyed_counts_stay_within_the_bound(
+        seed in any::<u64>(),
+        theta in 1.0..300.0f64,
+        items in 1u64..64,
+        outputs in 1u64..32,
+        max_norm in any::<bool>(),
+        failures in failures(2_000),
+    ) {
+        let stream = workloads::keyed_values(2_000, 100, seed);
+        let divergence = if max_norm { afstream_core::Norm::Max } else { afstream_core::Norm::L1 };
+        let config = KeyedAggregationConfig { aggregate: Aggregate::Count, divergence, max_abs_value: 10.0 };
+        let build = move || KeyedAggregation::new(config).unwrap();
+        let cfg = controller(&build(), Mode::Approximate, theta, items, outputs);
+        let (failed, clean, bound) = run_both(&build, cfg, &stream, &failures);
+        let observed = failed.distance(&clean);
+        prop_assert!(within(observed, bound), "final drift {observed} over bound {bound}");
+    }
+
+    #[test]
+    fn keyed_sums_stay_within_the_bound(
+        seed in any::<u64>(),
+        theta in 1.0..500.0f64,
+        items in 1u64..32,
+        failures in failures(1_500),
+    ) {
+        let stream = workloads::keyed_values(1_500, 50, seed);
+        let config = KeyedAggregationConfig { aggregate: Aggregate::Sum, divergence: afstream_core::Norm::L1, max_abs_value: 10.0 };
+        let build = move || KeyedAggregation::new(config).unwrap();
+        let cfg = controller(&build(), Mode::Approximate, theta, items, 8);
+        let (failed, clean, bound) = run_both(&build, cfg, &stream, &failures);
+        let observed = failed.distance(&clean);
+        prop_assert!(within(observed, bound), "final drift {observed} over bound {bound}");
+    }
+
+    #[test]
+    fn word_count_stays_within_the_bound(
+        seed in any::<u64>(),
+        theta in 1.0..400.0f64,
+        items in 1u64..32,
+        failures in failures(1_000),
+    ) {
+        let stream = workloads::text_lines(1_000, 8, 200, seed);
+        let config = WordCountConfig { divergence: afstream_core::Norm::L1, max_words_per_line: 8 };
+        let build = move || WordCount::new(config).unwrap();
+        let cfg = controller(&build(), Mode::Approximate, theta, items, 32);
+        let (failed, clean, bound) = run_both(&build, cfg, &stream, &failures);
+        let observed = failed.distance(&clean);
+        prop_assert!(within(observed, bound), "final drift {observed} over bound {bound}");
+    }
+
+    #[test]
+    fn logistic_regression_recovers_within_the_bound_and_its_loss_comes_back(
+        seed in any::<u64>(),
+        theta in 0.05..2.0f64,
+        items in 1u64..32,
+        failures in failures(3_000),
+    ) {
+        let (stream, _) = workloads::separable_vectors(3_000, 32, 6, seed);
+        let (test, _) = workloads::separable_vectors(500, 32, 6, seed);
+        let config = LogisticConfig { feature_bits: 8, learning_rate: 0.5, max_feature_norm: 3.0 };
+        let build = move || OnlineLogisticRegression::new(config).unwrap();
+        let cfg = controller(&build(), Mode::Approximate, theta, items, 8);
+        // Per recovery, the harness checks θ + l·α; the final weights of an SGD run
+        // need not stay near a failure-free run's, but its loss must come back.
+        let (failed, clean, _) = run_both(&build, cfg, &stream, &failures);
+        let (_, loss_failed) = failed.evaluate(&test);
+        let (_, loss_clean) = clean.evaluate(&test);
+        prop_assert!(loss_failed <= loss_clean * 1.15 + 0.02, "loss {loss_failed} vs failure-free {loss_clean}");
+    }
+
+    #[test]
+    fn exact_mode_stays_within_its_interval(
+        seed in any::<u64>(),
+        interval in 1u64..50,
+        failures in failures(1_500),
+    ) {
+        let stream = workloads::keyed_values(1_500, 80, seed);
+        let build = || KeyedAggregation::new(KeyedAggregationConfig::default()).unwrap();
+        let mode = Mode::Exact(ExactInterval { items: Some(interval), millis: None });
+        let cfg = controller(&build(), mode, 1.0, 1, 1);
+        // Exact at its markers; a crash during a backup applies at most two
+        // intervals twice to the keys that backup wrote.
+        let (failed, clean, bound) = run_both(&build, cfg, &stream, &failures);
+        let observed = failed.distance(&clean);
+        prop_assert!(within(observed, bound), "final drift {observed} over bound {bound}");
+    }
+
+    #[test]
+    fn grep_loses_no_committed_output(
+        seed in any::<u64>(),
+        items in 1u64..16,
+        failures in failures(1_000),
+    ) {
+        let stream = workloads::text_lines(1_000, 4, 50, seed);
+        let build = || Grep::new("w1\\b").unwrap();
+        let cfg = controller(&build(), Mode::Approximate, 0.0, items, 4);
+        // The harness's LostOutput and RepeatedOutputs checks are what matter here.
+        let _ = run_both(&build, cfg, &stream, &failures);
+    }
+}
+
+#[test]
+fn failure_free_run_equals_processing_the_stream_directly() {
+    let stream = workloads::zipf_flows(5_000, 200, 1.1, 7);
+    let config = HeavyHitterConfig {
+        max_weight: 1500,
+        threshold: HitterThreshold::Bytes(100_000.0),
+        ..Default::default()
+    };
+    let build = move || HeavyHitters::new(config).unwrap();
+    let cfg = controller(&build(), Mode::Approximate, 5_000.0, 16, 8);
+    let (simulated, report) = simulate(cfg, &build, &stream, SimulationOptions::default()).unwrap();
+    let mut direct = build();
+    let mut outputs = Vec::new();
+    for packet in &stream {
+        direct.process(packet, &mut outputs).unwrap();
+    }
+    assert_eq!(simulated.distance(&direct), 0.0);
+    assert!(report.totals.backups > 0 && report.totals.markers > report.totals.backups);
+    assert!(report.totals.commits > 0);
+    assert_eq!(report.outputs_delivered, outputs.len() as u64);
+}
+
+/// A store that acknowledges backups without keeping them: the controller believes
+/// it is covered, and the bound checks must catch it.
+#[test]
+fn a_store_that_drops_backups_is_caught() {
+    let stream = workloads::keyed_values(3_000, 20, 3);
+    let build = || KeyedAggregation::new(KeyedAggregationConfig::default()).unwrap();
+    let cfg = controller(&build(), Mode::Approximate, 50.0, 8, 4);
+    let options = SimulationOptions {
+        seed: 1,
+        crash_after: vec![2_000],
+        drop_backups: true,
+        ..SimulationOptions::default()
+    };
+    let (_, report) = simulate(cfg, &build, &stream, options).unwrap();
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| matches!(v, Violation::StateBound { .. })),
+        "expected a state-bound violation, got {:?}",
+        report.violations
+    );
+}
+
+/// A driver that takes backups but writes none of their entries (and reports them
+/// written) must be caught by the harness's own bound check.
+#[test]
+fn a_driver_that_skips_backups_is_caught() {
+    let stream = workloads::keyed_values(3_000, 20, 3);
+    let build = || KeyedAggregation::new(KeyedAggregationConfig::default()).unwrap();
+    let cfg = controller(&build(), Mode::Approximate, 50.0, 8, 4);
+    let options = SimulationOptions {
+        seed: 2,
+        crash_after: vec![2_500],
+        driver_faults: DriverFaults { skip_backups: true },
+        ..SimulationOptions::default()
+    };
+    let (_, report) = simulate(cfg, &build, &stream, options.clone()).unwrap();
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| matches!(v, Violation::StateBound { .. })),
+        "expected a state-bound violation, got {:?}",
+        report.violations
+    );
+    // The same crash with an honest driver stays inside the bound.
+    let honest = SimulationOptions {
+        driver_faults: DriverFaults::default(),
+        ..options
+    };
+    let (_, report) = simulate(cfg, &build, &stream, honest).unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+}
+
+/// A controller that keeps the thresholds of failure 0 after every recovery. The
+/// harness computes each failure's bound from Θ, L and k itself, so ten failures
+/// with the drift of an unhalved θ must break it. Per-key maxima leave every key
+/// below θ unbacked, which is where an unhalved θ shows.
+#[test]
+fn a_controller_that_never_halves_is_caught() {
+    let stream = workloads::keyed_values(6_000, 10, 4);
+    let build = || {
+        KeyedAggregation::new(KeyedAggregationConfig {
+            aggregate: Aggregate::Count,
+            divergence: afstream_core::Norm::Max,
+            max_abs_value: 1.0,
+        })
+        .unwrap()
+    };
+    let honest = controller(&build(), Mode::Approximate, 400.0, 4_000, 64);
+    let broken = honest.with_faults(ControllerFaults {
+        never_halve: true,
+        ..ControllerFaults::default()
+    });
+    let options = SimulationOptions {
+        seed: 5,
+        crash_after: (1..=10).map(|i| i * 500 + 37).collect(),
+        ..SimulationOptions::default()
+    };
+    let (_, report) = simulate(broken, &build, &stream, options.clone()).unwrap();
+    // An unhalved l replays (and repeats the outputs of) more items than the
+    // bound of failure k allows; an unhalved θ leaves more drift behind.
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| matches!(v, Violation::StateBound { .. } | Violation::RepeatedOutputs { .. })),
+        "expected a bound violation, got {:?}",
+        report.violations
+    );
+    let (_, report) = simulate(honest, &build, &stream, options).unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert_eq!(report.recoveries.len(), 10);
+}
+
+/// A controller that writes markers before the outputs they cover are
+/// acknowledged loses outputs in a crash, and the harness catches it.
+#[test]
+fn a_marker_that_covers_unacknowledged_outputs_is_caught() {
+    let stream = workloads::text_lines(2_000, 4, 50, 9);
+    let build = || Grep::new("w1\\b").unwrap();
+    let honest = controller(&build(), Mode::Approximate, 0.0, 16, 64);
+    let broken = honest.with_faults(ControllerFaults {
+        marker_before_outputs: true,
+        ..ControllerFaults::default()
+    });
+    let options = SimulationOptions {
+        seed: 11,
+        crash_after: (1..=8).map(|i| i * 200 + 3).collect(),
+        max_ack_delay: 12,
+        ..SimulationOptions::default()
+    };
+    let (_, report) = simulate(broken, &build, &stream, options.clone()).unwrap();
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| matches!(v, Violation::LostOutput { .. })),
+        "expected a lost output, got {:?}",
+        report.violations
+    );
+    let (_, report) = simulate(honest, &build, &stream, options).unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+}

@@ -1,0 +1,340 @@
+//! The task controller's rules, event by event.
+
+use afstream_core::{
+    Action, AnalysisConstants, BackupMarker, BackupScope, Blocked, ControllerConfig, ExactInterval, FailurePolicy,
+    GlobalThresholds, Mode, Placement, RecoveryPlan, ResumeSource, TaskController, ThresholdPolicy,
+};
+
+const CONSTANTS: AnalysisConstants = AnalysisConstants { alpha: 1.0, beta: 1 };
+
+fn config(mode: Mode, theta: f64, items: u64, outputs: u64) -> ControllerConfig {
+    let global = GlobalThresholds::new(theta, items, outputs).unwrap();
+    let policy = ThresholdPolicy::new(global, FailurePolicy::Halving, Placement::default(), true, CONSTANTS).unwrap();
+    ControllerConfig::new(mode, policy, CONSTANTS)
+}
+
+fn commits(actions: &[Action]) -> Vec<u64> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Commit { offset } => Some(*offset),
+            _ => None,
+        })
+        .collect()
+}
+
+fn backups(actions: &[Action]) -> Vec<(u64, BackupScope)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Backup { seq, scope } => Some((*seq, *scope)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn markers(actions: &[Action]) -> Vec<BackupMarker> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Marker(marker) => Some(*marker),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A started task whose start marker is acknowledged.
+fn running(config: ControllerConfig) -> TaskController {
+    let mut actions = Vec::new();
+    let mut c = TaskController::start(config, &RecoveryPlan::fresh(0), 0, &mut actions).unwrap();
+    if config.mode != Mode::None {
+        let start = markers(&actions);
+        assert_eq!(start.len(), 1, "every start writes a marker first: {actions:?}");
+        assert_eq!(c.readiness(), Err(Blocked::StartMarker));
+        c.marker_written(start[0].seq, &mut actions);
+    }
+    assert_eq!(c.readiness(), Ok(()));
+    c
+}
+
+/// Acknowledges a backup's entries and then the marker that follows.
+fn complete_backup(c: &mut TaskController, seq: u64) -> Vec<Action> {
+    let mut actions = Vec::new();
+    c.backup_written(seq, &mut actions);
+    let written = markers(&actions);
+    assert_eq!(
+        written.len(),
+        1,
+        "a written backup is followed by its marker: {actions:?}"
+    );
+    c.marker_written(written[0].seq, &mut actions);
+    actions
+}
+
+#[test]
+fn backs_up_when_divergence_crosses_theta_and_not_before() {
+    // Θ = 20 → θ = 10; L large so only θ triggers.
+    let mut c = running(config(Mode::Approximate, 20.0, 1000, 100));
+    let mut actions = Vec::new();
+    for offset in 0..10 {
+        c.item_processed(offset, 0, (offset + 1) as f64, 0, &mut actions);
+    }
+    assert!(backups(&actions).is_empty(), "divergence 10 is not over θ = 10");
+    c.item_processed(10, 0, 11.0, 0, &mut actions);
+    assert_eq!(backups(&actions), vec![(1, BackupScope::Drifted)]);
+    actions.clear();
+    c.item_processed(11, 0, 12.0, 0, &mut actions);
+    assert!(backups(&actions).is_empty(), "one backup open at a time");
+    // The trigger waited: once the open backup's marker goes out, the next backup
+    // covers both items.
+    c.backup_written(1, &mut actions);
+    assert_eq!(markers(&actions)[0].input_offset, 11);
+    assert_eq!(backups(&actions), vec![(3, BackupScope::Drifted)]);
+}
+
+#[test]
+fn backs_up_every_half_l_items() {
+    // L = 40 → l = 20, a backup every 10 items.
+    let mut c = running(config(Mode::Approximate, 1e9, 40, 100));
+    let mut actions = Vec::new();
+    for offset in 0..9 {
+        c.item_processed(offset, 0, 0.0, 0, &mut actions);
+    }
+    assert!(backups(&actions).is_empty());
+    c.item_processed(9, 0, 0.0, 0, &mut actions);
+    assert_eq!(backups(&actions).len(), 1);
+}
+
+#[test]
+fn a_marker_waits_for_its_entries_and_the_outputs_before_it_then_commits() {
+    let mut c = running(config(Mode::Approximate, 20.0, 1000, 100));
+    let mut actions = Vec::new();
+    c.item_processed(0, 2, 1.0, 0, &mut actions);
+    c.item_processed(1, 0, 11.0, 0, &mut actions);
+    let [(seq, _)] = backups(&actions)[..] else {
+        panic!("{actions:?}")
+    };
+    c.item_processed(2, 1, 11.0, 0, &mut actions);
+    actions.clear();
+    c.backup_written(seq, &mut actions);
+    assert!(markers(&actions).is_empty(), "item 0's outputs are not acknowledged");
+    c.outputs_acknowledged(0, 1, &mut actions);
+    assert!(markers(&actions).is_empty(), "one of its two outputs is still out");
+    c.outputs_acknowledged(0, 1, &mut actions);
+    let written = markers(&actions);
+    assert_eq!(
+        written.len(),
+        1,
+        "item 2's output is after the marker and does not hold it"
+    );
+    assert_eq!(written[0].input_offset, 2);
+    assert!(!written[0].clean);
+    assert!(
+        commits(&actions).is_empty(),
+        "the commit follows the acknowledged marker"
+    );
+    c.marker_written(written[0].seq, &mut actions);
+    assert_eq!(commits(&actions), vec![2]);
+    assert_eq!(c.marked().offset, 2);
+}
+
+#[test]
+fn input_waits_at_l_items_past_the_last_acknowledged_marker() {
+    let mut c = running(config(Mode::Approximate, 1e9, 8, 100));
+    // l = 4: backups every 2 items, input waits at 4 items past the marker.
+    let mut actions = Vec::new();
+    for offset in 0..4 {
+        assert_eq!(c.readiness(), Ok(()));
+        c.item_processed(offset, 0, 0.0, 0, &mut actions);
+    }
+    assert_eq!(c.readiness(), Err(Blocked::Window));
+    assert_eq!(c.items_past_marker(), 4);
+    // The first backup (after item 1) completes: the window moves to it.
+    let seq = backups(&actions)[0].0;
+    complete_backup(&mut c, seq);
+    assert_eq!(c.items_past_marker(), 2);
+    assert_eq!(c.readiness(), Ok(()));
+}
+
+#[test]
+fn input_waits_at_gamma_unacknowledged_outputs() {
+    // Γ = 8 → γ = 4, β = 1.
+    let mut c = running(config(Mode::Approximate, 1e9, 1000, 8));
+    let mut actions = Vec::new();
+    for offset in 0..4 {
+        assert_eq!(c.readiness(), Ok(()));
+        c.item_processed(offset, 1, 0.0, 0, &mut actions);
+    }
+    assert_eq!(c.readiness(), Err(Blocked::Outputs));
+    c.outputs_acknowledged(2, 1, &mut actions);
+    assert_eq!(c.readiness(), Ok(()));
+}
+
+#[test]
+fn a_failed_backup_is_issued_again_at_once() {
+    let mut c = running(config(Mode::Approximate, 20.0, 1000, 100));
+    let mut actions = Vec::new();
+    c.item_processed(0, 0, 11.0, 0, &mut actions);
+    c.item_processed(1, 0, 12.0, 0, &mut actions);
+    let [(seq, _)] = backups(&actions)[..] else {
+        panic!("{actions:?}")
+    };
+    actions.clear();
+    c.backup_failed(seq, &mut actions);
+    let again = backups(&actions);
+    assert_eq!(again.len(), 1, "{actions:?}");
+    actions.clear();
+    c.backup_written(again[0].0, &mut actions);
+    assert_eq!(
+        markers(&actions)[0].input_offset,
+        2,
+        "the new backup covers what it sees now"
+    );
+    // A late acknowledgement of the failed backup changes nothing.
+    actions.clear();
+    c.backup_written(seq, &mut actions);
+    assert!(actions.is_empty());
+}
+
+#[test]
+fn a_failed_marker_is_covered_by_a_new_backup() {
+    let mut c = running(config(Mode::Approximate, 20.0, 1000, 100));
+    let mut actions = Vec::new();
+    c.item_processed(0, 0, 11.0, 0, &mut actions);
+    let seq = backups(&actions)[0].0;
+    actions.clear();
+    c.backup_written(seq, &mut actions);
+    let marker = markers(&actions)[0];
+    actions.clear();
+    c.marker_failed(marker.seq, &mut actions);
+    assert_eq!(backups(&actions).len(), 1, "{actions:?}");
+    assert_eq!(c.marked().offset, 0, "the recovery point did not move");
+}
+
+#[test]
+fn exact_mode_backs_up_completely_every_interval() {
+    let mode = Mode::Exact(ExactInterval {
+        items: Some(3),
+        millis: None,
+    });
+    let mut c = running(config(mode, 1.0, 1, 100));
+    assert_eq!(c.operator_theta(), f64::INFINITY, "exact backups are never partial");
+    let mut actions = Vec::new();
+    c.item_processed(0, 1, 0.0, 0, &mut actions);
+    c.item_processed(1, 0, 0.0, 0, &mut actions);
+    assert!(backups(&actions).is_empty());
+    c.item_processed(2, 0, 0.0, 0, &mut actions);
+    let [(seq, BackupScope::Complete)] = backups(&actions)[..] else {
+        panic!("{actions:?}")
+    };
+    actions.clear();
+    c.backup_written(seq, &mut actions);
+    assert!(markers(&actions).is_empty(), "item 0's output first");
+    c.outputs_acknowledged(0, 1, &mut actions);
+    assert_eq!(markers(&actions)[0].input_offset, 3);
+    assert_eq!(c.thresholds().items, 6, "the window is two intervals");
+}
+
+#[test]
+fn exact_mode_backs_up_on_time_too() {
+    let mode = Mode::Exact(ExactInterval {
+        items: None,
+        millis: Some(100),
+    });
+    let mut c = running(config(mode, 1.0, 1, 100));
+    let mut actions = Vec::new();
+    c.item_processed(0, 0, 0.0, 10, &mut actions);
+    c.tick(50, &mut actions);
+    assert!(backups(&actions).is_empty());
+    c.tick(120, &mut actions);
+    assert_eq!(backups(&actions).len(), 1);
+}
+
+#[test]
+fn mode_none_writes_nothing_and_commits_at_a_clean_stop() {
+    let mut c = running(config(Mode::None, 1.0, 1, 1));
+    let mut actions = Vec::new();
+    for offset in 0..100 {
+        assert_eq!(c.readiness(), Ok(()));
+        c.item_processed(offset, 1, 1e9, 0, &mut actions);
+    }
+    assert!(actions.is_empty());
+    c.begin_stop(&mut actions);
+    assert!(actions.is_empty(), "waits for outputs first");
+    for offset in 0..100 {
+        c.outputs_acknowledged(offset, 1, &mut actions);
+    }
+    assert_eq!(commits(&actions), vec![100]);
+    assert!(c.is_stopped());
+}
+
+#[test]
+fn a_clean_stop_takes_a_complete_backup_and_a_clean_marker() {
+    let mut c = running(config(Mode::Approximate, 100.0, 1000, 100));
+    let mut actions = Vec::new();
+    for offset in 0..5 {
+        c.item_processed(offset, 0, 1.0, 0, &mut actions);
+    }
+    actions.clear();
+    c.begin_stop(&mut actions);
+    assert_eq!(c.readiness(), Err(Blocked::Stopping));
+    let [(seq, BackupScope::Complete)] = backups(&actions)[..] else {
+        panic!("{actions:?}")
+    };
+    actions.clear();
+    c.backup_written(seq, &mut actions);
+    let marker = markers(&actions)[0];
+    assert!(marker.clean);
+    assert_eq!(marker.input_offset, 5);
+    assert!(!c.is_stopped());
+    // A failed final marker is taken again.
+    actions.clear();
+    c.marker_failed(marker.seq, &mut actions);
+    let [(seq, BackupScope::Complete)] = backups(&actions)[..] else {
+        panic!("{actions:?}")
+    };
+    let actions = complete_backup(&mut c, seq);
+    assert_eq!(commits(&actions), vec![5]);
+    assert!(c.is_stopped());
+}
+
+#[test]
+fn a_recovery_writes_its_failure_count_before_taking_input() {
+    let config = config(Mode::Approximate, 100.0, 1000, 100);
+    let plan = RecoveryPlan {
+        resume_offset: 40,
+        failures: 3,
+        counted_failure: true,
+        introduced: Default::default(),
+        source: ResumeSource::Marker,
+    };
+    let mut actions = Vec::new();
+    let mut c = TaskController::start(config, &plan, 0, &mut actions).unwrap();
+    assert_eq!(c.readiness(), Err(Blocked::StartMarker));
+    let [marker] = markers(&actions)[..] else {
+        panic!("expected the start marker, got {actions:?}")
+    };
+    assert_eq!(marker.failures, 3);
+    assert_eq!(marker.input_offset, 40);
+    assert!(!marker.clean, "a run's first marker is never clean");
+    assert_eq!(c.thresholds().theta, 100.0 / 16.0, "Θ/2^(k+1) with k = 3");
+    actions.clear();
+    c.marker_failed(marker.seq, &mut actions);
+    let [again] = markers(&actions)[..] else {
+        panic!("a failed start marker is sent again: {actions:?}")
+    };
+    c.marker_written(again.seq, &mut actions);
+    assert_eq!(c.readiness(), Ok(()));
+    assert_eq!(c.processed().offset, 40);
+}
+
+#[test]
+fn invalid_exact_interval_is_an_error() {
+    let bad = Mode::Exact(ExactInterval {
+        items: None,
+        millis: None,
+    });
+    let mut actions = Vec::new();
+    let err = TaskController::start(config(bad, 1.0, 1, 1), &RecoveryPlan::fresh(0), 0, &mut actions).unwrap_err();
+    assert!(err.to_string().contains("exact interval"), "{err}");
+}
