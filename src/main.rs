@@ -4,7 +4,10 @@ use std::collections::{HashMap, HashSet};
 use std::process::ExitCode;
 
 use afstream::core::harness::{simulate, SimulationOptions, SimulationReport};
-use afstream::core::{ControllerConfig, CoreError, ExactInterval, GlobalThresholds, Mode, Operator};
+use afstream::core::{
+    ControllerConfig, CoreError, ExactInterval, FailurePolicy, GlobalThresholds, Mode, Operator, Placement,
+    ThresholdPolicy,
+};
 use afstream::operators::heavy_hitters::detection_accuracy;
 use afstream::operators::online_join::{exact_join, relative_error};
 use afstream::operators::*;
@@ -61,9 +64,14 @@ struct SimulateArgs {
     /// Θ (default: the workload's paper setting).
     #[arg(long)]
     theta: Option<f64>,
-    /// L: items not covered by a commit.
+    /// L: items past the last backup marker.
     #[arg(long, default_value_t = 1000)]
     max_uncovered: u64,
+    /// The recovering threshold policy: a failure stops counting (and the
+    /// thresholds come back) this many items after its recovery resumed.
+    /// Default: the paper's halving, where every failure counts for good.
+    #[arg(long)]
+    recover_after: Option<u64>,
     /// Γ: unacknowledged outputs.
     #[arg(long, default_value_t = 1000)]
     max_unacked: u64,
@@ -101,7 +109,18 @@ fn controller_config(op: &impl Operator, args: &SimulateArgs, theta: f64) -> Res
             millis: None,
         }),
     };
-    ControllerConfig::single_task(mode, global, op.constants(), op.norm().is_additive())
+    let failures = match args.recover_after {
+        Some(window_items) => FailurePolicy::Recovering { window_items },
+        None => FailurePolicy::Halving,
+    };
+    let policy = ThresholdPolicy::new(
+        global,
+        failures,
+        Placement::default(),
+        op.norm().is_additive(),
+        op.constants(),
+    )?;
+    Ok(ControllerConfig::new(mode, policy, op.constants()))
 }
 
 struct Outcome<O> {

@@ -52,7 +52,7 @@ use serde::{Deserialize, Serialize};
 use super::error::CoreError;
 pub use super::mode::{ExactInterval, Mode};
 use super::operator::{AnalysisConstants, BackupScope};
-use super::recovery::{BackupMarker, RecoveryPlan};
+use super::recovery::{BackupMarker, RecentFailures, RecoveryPlan};
 use super::thresholds::{ErrorBound, FailurePolicy, GlobalThresholds, Placement, TaskThresholds, ThresholdPolicy};
 
 /// A position in a task's input: the next offset to read, and how many items the
@@ -75,6 +75,9 @@ pub enum Action {
     /// Bookkeeping: commit this input offset to the consumer group so tools show
     /// lag. Nothing waits for it.
     Commit { offset: u64 },
+    /// The thresholds changed (a failure stopped counting): give the operator
+    /// the new θ ([`TaskController::operator_theta`]).
+    Thresholds(TaskThresholds),
 }
 
 /// Why the task may not take its next item.
@@ -186,6 +189,11 @@ pub struct TaskController {
     constants: AnalysisConstants,
     faults: ControllerFaults,
     failures: u32,
+    /// Where the latest failures resumed; the recovering policy counts those
+    /// within its window.
+    recent: RecentFailures,
+    /// The input offset at which the oldest counted failure stops counting.
+    next_expiry: u64,
     thresholds: TaskThresholds,
     phase: Phase,
     processed: Position,
@@ -232,6 +240,8 @@ impl TaskController {
             constants: config.constants,
             faults: config.faults,
             failures: plan.failures,
+            recent: plan.recent,
+            next_expiry: u64::MAX,
             thresholds: TaskThresholds {
                 theta: 0.0,
                 items: 1,
@@ -253,12 +263,30 @@ impl TaskController {
             interval_started_ms: now_ms,
             stalls: 0,
         };
-        controller.set_failures_counted(plan.failures);
+        controller.count_failures();
         if controller.mode != Mode::None {
             controller.phase = Phase::Starting;
             controller.send_marker(start, false, actions);
         }
         Ok(controller)
+    }
+
+    /// Forgets the failures that stopped counting (recovering policy) and derives
+    /// the thresholds from those that count.
+    fn count_failures(&mut self) {
+        let policy = self.policy.failures;
+        let now = self.processed.offset;
+        self.recent.retain_counted(policy, now);
+        let counted = policy.counted(self.recent.as_slice(), self.failures, now);
+        self.next_expiry = match policy {
+            FailurePolicy::Recovering { window_items } => self
+                .recent
+                .as_slice()
+                .first()
+                .map_or(u64::MAX, |&at| at.saturating_add(window_items)),
+            _ => u64::MAX,
+        };
+        self.set_failures_counted(counted);
     }
 
     /// Derives θ, l, γ, the backup lead and the window for a failure count.
@@ -371,6 +399,10 @@ impl TaskController {
             });
             self.unacked_outputs += outputs;
         }
+        if self.processed.offset >= self.next_expiry {
+            self.count_failures();
+            actions.push(Action::Thresholds(self.thresholds));
+        }
         match self.mode {
             Mode::None => {}
             Mode::Approximate => {
@@ -453,6 +485,7 @@ impl TaskController {
             failures: self.failures,
             thresholds: self.thresholds,
             clean,
+            recent: self.recent,
         }));
     }
 

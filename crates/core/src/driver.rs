@@ -264,6 +264,7 @@ impl<O: Operator> TaskDriver<O> {
                     self.stats.commits += 1;
                     io.commit(offset);
                 }
+                Action::Thresholds(_) => self.operator.set_theta(self.controller.operator_theta()),
             }
         }
         self.actions = actions;

@@ -92,6 +92,10 @@ pub struct RecoveryRecord {
     pub observed: Option<f64>,
     /// The state bound of this failure, computed from Θ, L and k.
     pub bound: f64,
+    /// Whether the run after this recovery took input. One that crashed before
+    /// (its start marker maybe never written) is done again by the next recovery
+    /// with the same k, so it does not count towards k here.
+    pub progressed: bool,
 }
 
 /// What a simulated run did.
@@ -311,10 +315,11 @@ struct PendingCheck<O> {
     lost: O,
 }
 
-/// The state and output bounds of failure `k` (counting from 0), computed from
-/// the configuration alone: θ_k = Θ'/2^(k+1) and l_k = max(1, ⌊L'/2^(k+1)⌋) under
-/// halving, Θ' and L' under the fixed policy (Θ', L' the split thresholds); in
-/// exact mode l is two intervals of items and θ is 0.
+/// The state bound and l of a failure with `k` failures counted before it,
+/// computed from the configuration alone: θ_k = Θ'/2^(k+1) and
+/// l_k = max(1, ⌊L'/2^(k+1)⌋) under halving (and recovering), Θ' and L' under the
+/// fixed policy (Θ', L' the split thresholds); in exact mode l is two intervals
+/// of items and θ is 0.
 pub fn independent_bound(config: &ControllerConfig, k: u32) -> (f64, u64) {
     let global = config.policy.global;
     let divisor = if config.policy.additive {
@@ -327,7 +332,7 @@ pub fn independent_bound(config: &ControllerConfig, k: u32) -> (f64, u64) {
     let items_split = global.items as f64 / divisor;
     let halving = match config.policy.failures {
         FailurePolicy::Fixed => 1.0,
-        FailurePolicy::Halving => 2f64.powi(k as i32 + 1),
+        FailurePolicy::Halving | FailurePolicy::Recovering { .. } => 2f64.powi(k as i32 + 1),
     };
     let (theta, items) = match config.mode {
         Mode::Exact(interval) => (0.0, interval.items.map_or(u64::MAX, |n| 2 * n)),
@@ -439,7 +444,21 @@ where
             self.broker.compact();
         }
         let lost = self.driver.operator().clone();
-        let k = self.driver.controller().failures();
+        if self.driver.stats().items == 0 {
+            if let Some(last) = self.report.recoveries.last_mut() {
+                last.progressed = false;
+            }
+        }
+        // The failures in force, counted from this harness's own record: every
+        // earlier recovery after which the task took input, or under the
+        // recovering policy those that resumed within the window before the crash.
+        let counted = self.report.recoveries.iter().filter(|r| r.progressed);
+        let k = match self.config.policy.failures {
+            FailurePolicy::Recovering { window_items } => counted
+                .filter(|r| r.resume_offset.saturating_add(window_items) > processed.offset)
+                .count() as u32,
+            _ => counted.count() as u32,
+        };
         let (bound, window) = independent_bound(&self.config, k);
 
         // Recovery: a fresh operator restored from the changelog, resuming at the
@@ -505,6 +524,7 @@ where
             records_read: changelog.records,
             observed: None,
             bound,
+            progressed: true,
         });
         Ok(())
     }

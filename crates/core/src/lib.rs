@@ -27,8 +27,11 @@ pub use entry::{BackupEntry, EntryBytes};
 pub use error::CoreError;
 pub use mode::{ExactInterval, Mode};
 pub use operator::{AnalysisConstants, BackupScope, Operator, Rejected};
-pub use recovery::{read_changelog, BackupMarker, ChangelogReader, ChangelogState, RecoveryPlan, ResumeSource};
+pub use recovery::{
+    read_changelog, BackupMarker, ChangelogReader, ChangelogState, RecentFailures, RecoveryPlan, ResumeSource,
+};
 pub use structures::{Norm, Tracked, TrackedSet, TrackedTable, TrackedValue, TrackedVector};
 pub use thresholds::{
     ErrorBound, FailurePolicy, GlobalThresholds, Placement, TaskThresholds, ThresholdPolicy, WindowPolicy,
+    RECENT_FAILURES,
 };

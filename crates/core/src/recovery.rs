@@ -13,7 +13,50 @@ use super::mode::Mode;
 use super::operator::AnalysisConstants;
 use rustc_hash::FxHashMap;
 
-use super::thresholds::{ErrorBound, TaskThresholds};
+use super::thresholds::{ErrorBound, FailurePolicy, TaskThresholds, RECENT_FAILURES};
+
+/// The offsets at which the latest failures' recoveries resumed, oldest first:
+/// what the recovering threshold policy needs to know which failures still count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecentFailures {
+    offsets: [u64; RECENT_FAILURES],
+    len: u8,
+}
+
+impl RecentFailures {
+    pub fn as_slice(&self) -> &[u64] {
+        &self.offsets[..usize::from(self.len)]
+    }
+
+    /// Records a failure that resumed at `offset`; the oldest goes when full.
+    pub fn push(&mut self, offset: u64) {
+        let len = usize::from(self.len);
+        if len == RECENT_FAILURES {
+            self.offsets.copy_within(1.., 0);
+            self.offsets[RECENT_FAILURES - 1] = offset;
+        } else {
+            self.offsets[len] = offset;
+            self.len += 1;
+        }
+    }
+
+    /// Forgets the failures that no longer count at offset `now`.
+    pub fn retain_counted(&mut self, policy: FailurePolicy, now: u64) {
+        let FailurePolicy::Recovering { window_items } = policy else {
+            return;
+        };
+        let kept: Vec<u64> = self
+            .as_slice()
+            .iter()
+            .copied()
+            .filter(|&at| at.saturating_add(window_items) > now)
+            .collect();
+        *self = RecentFailures::default();
+        for offset in kept {
+            self.push(offset);
+        }
+    }
+}
 
 /// What a backup covers. Written after the backup's entries.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -28,6 +71,8 @@ pub struct BackupMarker {
     pub thresholds: TaskThresholds,
     /// Written by a clean stop: the state is exact at `input_offset`.
     pub clean: bool,
+    /// Where the latest failures resumed (the recovering policy counts them).
+    pub recent: RecentFailures,
 }
 
 impl BackupMarker {
@@ -49,6 +94,10 @@ impl BackupMarker {
         body.extend_from_slice(&self.thresholds.items.to_le_bytes());
         body.extend_from_slice(&self.thresholds.outputs.to_le_bytes());
         body.push(u8::from(self.clean));
+        body.push(self.recent.len);
+        for offset in self.recent.as_slice() {
+            body.extend_from_slice(&offset.to_le_bytes());
+        }
         BackupEntry {
             key: Self::key(),
             value: Some(versioned(&body)),
@@ -78,7 +127,19 @@ impl BackupMarker {
                 1 => true,
                 other => return Err(CoreError::undecodable("backup marker", format!("clean flag {other}"))),
             },
+            recent: RecentFailures::default(),
         };
+        let count = usize::from(reader.u8()?);
+        if count > RECENT_FAILURES {
+            return Err(CoreError::undecodable(
+                "backup marker",
+                format!("{count} recent failures, at most {RECENT_FAILURES}"),
+            ));
+        }
+        let mut marker = marker;
+        for _ in 0..count {
+            marker.recent.push(reader.u64()?);
+        }
         reader.finish()?;
         Ok(marker)
     }
@@ -171,6 +232,8 @@ pub struct RecoveryPlan {
     pub introduced: ErrorBound,
     /// Which record the start position came from.
     pub source: ResumeSource,
+    /// Where the latest failures resumed, this one included.
+    pub recent: RecentFailures,
 }
 
 /// Where a start position came from.
@@ -194,6 +257,7 @@ impl RecoveryPlan {
             counted_failure: false,
             introduced: ErrorBound::default(),
             source: ResumeSource::Beginning,
+            recent: RecentFailures::default(),
         }
     }
 
@@ -227,6 +291,7 @@ impl RecoveryPlan {
                 counted_failure: false,
                 introduced: ErrorBound::default(),
                 source: ResumeSource::Marker,
+                recent: marker.recent,
             },
             (_, Some(marker)) => RecoveryPlan {
                 resume_offset: marker.input_offset,
@@ -234,6 +299,11 @@ impl RecoveryPlan {
                 counted_failure: true,
                 introduced: marker.thresholds.failure_bound(constants),
                 source: ResumeSource::Marker,
+                recent: {
+                    let mut recent = marker.recent;
+                    recent.push(marker.input_offset);
+                    recent
+                },
             },
         }
     }
@@ -254,6 +324,7 @@ mod tests {
                 outputs: 50,
             },
             clean,
+            recent: RecentFailures::default(),
         }
     }
 
@@ -267,7 +338,25 @@ mod tests {
     }
 
     #[test]
+    fn recent_failures_keep_the_latest_and_forget_the_expired() {
+        let mut recent = RecentFailures::default();
+        for offset in 0..(RECENT_FAILURES as u64 + 3) {
+            recent.push(offset * 10);
+        }
+        assert_eq!(recent.as_slice().len(), RECENT_FAILURES);
+        assert_eq!(recent.as_slice()[0], 30, "the oldest went");
+        recent.retain_counted(FailurePolicy::Recovering { window_items: 50 }, 170);
+        assert_eq!(recent.as_slice(), &[130, 140, 150, 160, 170, 180]);
+        recent.retain_counted(FailurePolicy::Halving, 10_000);
+        assert_eq!(recent.as_slice().len(), 6, "only the recovering policy forgets");
+    }
+
+    #[test]
     fn marker_round_trips_and_rejects_garbage() {
+        let mut m = marker(true);
+        m.recent.push(12);
+        m.recent.push(99);
+        assert_eq!(BackupMarker::from_entry(&m.to_entry()).unwrap(), m);
         let m = marker(true);
         assert_eq!(BackupMarker::from_entry(&m.to_entry()).unwrap(), m);
         let mut entry = m.to_entry();
@@ -281,6 +370,12 @@ mod tests {
         ));
         let mut entry = m.to_entry();
         entry.value.as_mut().unwrap()[45] = 7;
+        assert!(matches!(
+            BackupMarker::from_entry(&entry),
+            Err(CoreError::Undecodable { .. })
+        ));
+        let mut entry = m.to_entry();
+        entry.value.as_mut().unwrap()[46] = 200;
         assert!(matches!(
             BackupMarker::from_entry(&entry),
             Err(CoreError::Undecodable { .. })

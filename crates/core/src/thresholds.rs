@@ -10,6 +10,13 @@
 //!   failure adds its floor: [`ThresholdPolicy::bound_after`] sums the real values.
 //! * **Fixed**: θ = Θ, l = L, γ = Γ forever, for unbounded streams where failures
 //!   never stop; after k failures the bound is k·(Θ + L·α).
+//! * **Recovering** (window W items): halving, but a failure stops counting once
+//!   W input items have passed since the offset its recovery resumed at, so the
+//!   thresholds (and throughput) come back. The failures that count at any moment
+//!   all lie within the last W items, so the failures of any stretch of W items add
+//!   at most Θ + L·α and Γ + L·β between them; over a stream of N items the total is
+//!   at most ⌈N/W⌉ times that. The failure offsets that still count travel in the
+//!   markers (the latest [`RECENT_FAILURES`] of them).
 //! * **Parallel tasks**: when divergences add up across the n tasks of an operator,
 //!   each task uses Θ/n, L/n, Γ/n before halving (Θ/(2n) at the start), so the
 //!   tasks together keep the global bound. A per-key maximum needs no split: every
@@ -114,6 +121,9 @@ impl std::ops::Add for ErrorBound {
     }
 }
 
+/// How many failure offsets a marker carries for the recovering policy.
+pub const RECENT_FAILURES: usize = 16;
+
 /// How thresholds react to failures.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -121,6 +131,36 @@ pub enum FailurePolicy {
     #[default]
     Halving,
     Fixed,
+    /// Halving, where a failure stops counting `window_items` input items after
+    /// the offset its recovery resumed at.
+    Recovering {
+        window_items: u64,
+    },
+}
+
+impl FailurePolicy {
+    pub fn validate(&self) -> Result<(), CoreError> {
+        match self {
+            FailurePolicy::Recovering { window_items: 0 } => Err(CoreError::parameter(
+                "recovering window",
+                0,
+                "a failure must count for at least one item",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The failures that still count at input offset `now`, of those that resumed
+    /// at `resumed_at` (every failure counts unless the policy is recovering).
+    pub fn counted(&self, resumed_at: &[u64], total: u32, now: u64) -> u32 {
+        match *self {
+            FailurePolicy::Recovering { window_items } => resumed_at
+                .iter()
+                .filter(|&&at| at.saturating_add(window_items) > now)
+                .count() as u32,
+            _ => total,
+        }
+    }
 }
 
 /// Where the task sits: parallel copies and pipeline position.
@@ -196,6 +236,7 @@ impl ThresholdPolicy {
         constants: AnalysisConstants,
     ) -> Result<Self, CoreError> {
         placement.validate()?;
+        failures.validate()?;
         let policy = ThresholdPolicy {
             global,
             failures,
@@ -238,7 +279,9 @@ impl ThresholdPolicy {
     pub fn for_failures(&self, failures: u32) -> TaskThresholds {
         let divisor = match self.failures {
             FailurePolicy::Fixed => 1.0,
-            FailurePolicy::Halving => 2f64.powi(failures.saturating_add(1).min(1023) as i32),
+            FailurePolicy::Halving | FailurePolicy::Recovering { .. } => {
+                2f64.powi(failures.saturating_add(1).min(1023) as i32)
+            }
         };
         TaskThresholds {
             theta: self.split_theta() / divisor,
@@ -355,6 +398,29 @@ mod tests {
         p.failures = FailurePolicy::Fixed;
         assert_eq!(p.for_failures(7).theta, 100.0);
         assert_eq!(p.bound_after(3, ONE).state, 3.0 * (100.0 + 10.0));
+    }
+
+    #[test]
+    fn recovering_failures_stop_counting_after_their_window() {
+        let recovering = FailurePolicy::Recovering { window_items: 100 };
+        assert_eq!(recovering.counted(&[10, 150, 260], 3, 240), 2);
+        assert_eq!(
+            recovering.counted(&[10, 150, 260], 3, 250),
+            1,
+            "150 stops counting at 250"
+        );
+        assert_eq!(recovering.counted(&[10, 150, 260], 3, 360), 0);
+        assert_eq!(FailurePolicy::Halving.counted(&[10], 7, 1_000_000), 7);
+        let mut p = policy(1024.0, 1024, 1024);
+        p.failures = recovering;
+        assert_eq!(
+            p.for_failures(1).theta,
+            256.0,
+            "halves like the default while it counts"
+        );
+        let global = GlobalThresholds::new(1.0, 1, 1).unwrap();
+        let zero = FailurePolicy::Recovering { window_items: 0 };
+        assert!(ThresholdPolicy::new(global, zero, Placement::default(), true, ONE).is_err());
     }
 
     #[test]

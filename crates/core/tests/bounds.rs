@@ -14,7 +14,8 @@ use afstream_core::harness::{simulate, SimulationOptions, SimulationReport, Viol
 use afstream_core::operators::*;
 use afstream_core::workloads;
 use afstream_core::{
-    ControllerConfig, ControllerFaults, DriverFaults, ExactInterval, GlobalThresholds, Mode, Operator,
+    ControllerConfig, ControllerFaults, DriverFaults, ExactInterval, FailurePolicy, GlobalThresholds, Mode, Operator,
+    Placement, ThresholdPolicy,
 };
 use proptest::prelude::*;
 
@@ -181,6 +182,33 @@ proptest! {
         let config = KeyedAggregationConfig { aggregate: Aggregate::Count, divergence, max_abs_value: 10.0 };
         let build = move || KeyedAggregation::new(config).unwrap();
         let cfg = controller(&build(), Mode::Approximate, theta, items, outputs);
+        let (failed, clean, bound) = run_both(&build, cfg, &stream, &failures);
+        let observed = failed.distance(&clean);
+        prop_assert!(within(observed, bound), "final drift {observed} over bound {bound}");
+    }
+
+    #[test]
+    fn keyed_counts_under_the_recovering_policy_stay_within_the_bound(
+        seed in any::<u64>(),
+        theta in 1.0..300.0f64,
+        items in 1u64..64,
+        window in 50u64..800,
+        failures in failures(2_000),
+    ) {
+        let stream = workloads::keyed_values(2_000, 100, seed);
+        let config = KeyedAggregationConfig { aggregate: Aggregate::Count, divergence: afstream_core::Norm::Max, max_abs_value: 10.0 };
+        let build = move || KeyedAggregation::new(config).unwrap();
+        let op = build();
+        let global = GlobalThresholds::new(theta, items, 16).unwrap();
+        let policy = ThresholdPolicy::new(
+            global,
+            FailurePolicy::Recovering { window_items: window },
+            Placement::default(),
+            op.norm().is_additive(),
+            op.constants(),
+        )
+        .unwrap();
+        let cfg = ControllerConfig::new(Mode::Approximate, policy, op.constants());
         let (failed, clean, bound) = run_both(&build, cfg, &stream, &failures);
         let observed = failed.distance(&clean);
         prop_assert!(within(observed, bound), "final drift {observed} over bound {bound}");

@@ -307,6 +307,7 @@ fn a_recovery_writes_its_failure_count_before_taking_input() {
         counted_failure: true,
         introduced: Default::default(),
         source: ResumeSource::Marker,
+        recent: Default::default(),
     };
     let mut actions = Vec::new();
     let mut c = TaskController::start(config, &plan, 0, &mut actions).unwrap();
@@ -326,6 +327,66 @@ fn a_recovery_writes_its_failure_count_before_taking_input() {
     c.marker_written(again.seq, &mut actions);
     assert_eq!(c.readiness(), Ok(()));
     assert_eq!(c.processed().offset, 40);
+}
+
+#[test]
+fn under_the_recovering_policy_thresholds_come_back_after_the_window() {
+    let global = GlobalThresholds::new(64.0, 64, 64).unwrap();
+    let policy = ThresholdPolicy::new(
+        global,
+        FailurePolicy::Recovering { window_items: 100 },
+        Placement::default(),
+        true,
+        CONSTANTS,
+    )
+    .unwrap();
+    let config = ControllerConfig::new(Mode::Approximate, policy, CONSTANTS);
+    // Two failures, resumed at offsets 10 and 50; this start is the second.
+    let marker = BackupMarker {
+        seq: 4,
+        input_offset: 50,
+        failures: 1,
+        thresholds: policy.for_failures(1),
+        clean: false,
+        recent: {
+            let mut recent = afstream_core::RecentFailures::default();
+            recent.push(10);
+            recent
+        },
+    };
+    let plan = RecoveryPlan::decide(Mode::Approximate, Some(&marker), None, 0, CONSTANTS);
+    assert_eq!(plan.recent.as_slice(), &[10, 50]);
+    let mut actions = Vec::new();
+    let mut c = TaskController::start(config, &plan, 0, &mut actions).unwrap();
+    assert_eq!(c.thresholds().theta, 64.0 / 8.0, "two failures count");
+    assert_eq!(
+        markers(&actions)[0].recent.as_slice(),
+        &[10, 50],
+        "the start marker carries them"
+    );
+    let start = markers(&actions)[0].seq;
+    c.marker_written(start, &mut actions);
+    actions.clear();
+    for offset in 50..109 {
+        c.item_processed(offset, 0, 0.0, 0, &mut actions);
+        let seqs: Vec<u64> = backups(&actions).iter().map(|b| b.0).collect();
+        for seq in seqs {
+            complete_backup(&mut c, seq);
+        }
+        actions.clear();
+    }
+    assert_eq!(c.thresholds().theta, 64.0 / 8.0);
+    c.item_processed(109, 0, 0.0, 0, &mut actions);
+    assert_eq!(
+        c.thresholds().theta,
+        64.0 / 4.0,
+        "the failure at 10 stopped counting at 110"
+    );
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Thresholds(_))),
+        "{actions:?}"
+    );
+    assert_eq!(c.failures(), 2, "the total still counts both");
 }
 
 #[test]
