@@ -208,7 +208,8 @@ pub struct TaskController {
     unacked_outputs: u64,
     /// Items between two backups issued for l.
     lead: u64,
-    /// Items past the last acknowledged marker at which input waits.
+    /// Items past the last acknowledged marker at which input waits (not in
+    /// mode none).
     window: u64,
     /// A trigger came while a backup was open: issue when it closes.
     deferred: bool,
@@ -307,10 +308,8 @@ impl TaskController {
             _ => halved,
         };
         self.lead = self.thresholds.items.div_ceil(2).max(1);
-        self.window = match self.mode {
-            Mode::None => u64::MAX,
-            _ => self.thresholds.items,
-        };
+        // Mode none never waits (see `readiness`), so its window is never read.
+        self.window = self.thresholds.items;
     }
 
     pub fn thresholds(&self) -> TaskThresholds {
