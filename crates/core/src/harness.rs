@@ -33,6 +33,10 @@ pub struct SimulationOptions {
     pub crash_after: Vec<u64>,
     /// Move each crash to the next moment a backup's entries may be in flight.
     pub crash_during_backup: bool,
+    /// Move each crash to the next moment no changelog write is in flight and no
+    /// backup waits for its marker (the log then ends with a marker that covers
+    /// every entry).
+    pub crash_when_changelog_idle: bool,
     /// The longest delay of an acknowledgement, in poll batches.
     pub max_ack_delay: u64,
     /// The most items one poll returns.
@@ -54,6 +58,7 @@ impl Default for SimulationOptions {
             seed: 0,
             crash_after: Vec::new(),
             crash_during_backup: false,
+            crash_when_changelog_idle: false,
             max_ack_delay: 4,
             max_batch: 64,
             write_failure_rate: 0.0,
@@ -572,7 +577,9 @@ where
             let crash_due = crashes
                 .front()
                 .is_some_and(|&at| self.report.totals.items + self.driver.stats().items >= at)
-                && (!self.options.crash_during_backup || self.driver.controller().backup_open());
+                && (!self.options.crash_during_backup || self.driver.controller().backup_open())
+                && (!self.options.crash_when_changelog_idle
+                    || (self.broker.writes.is_empty() && !self.driver.controller().backup_open()));
             if crash_due {
                 crashes.pop_front();
                 self.crash()?;
