@@ -471,3 +471,28 @@ fn a_marker_that_covers_unacknowledged_outputs_is_caught() {
     let (_, report) = simulate(honest, &build, &stream, options).unwrap();
     assert!(report.violations.is_empty(), "{:?}", report.violations);
 }
+
+/// Input that has to wait for a marker is counted as a stall; input that never
+/// has to wait is not.
+#[test]
+fn stalls_are_counted_when_input_waits_for_a_marker() {
+    let stream = workloads::keyed_values(2_000, 50, 8);
+    let build = || KeyedAggregation::new(KeyedAggregationConfig::default()).unwrap();
+    let options = SimulationOptions {
+        seed: 3,
+        max_ack_delay: 8,
+        ..SimulationOptions::default()
+    };
+    // L = 2: l = 1, so every item waits for the previous one's marker.
+    let tight = controller(&build(), Mode::Approximate, 1e9, 2, 1_000);
+    let (_, report) = simulate(tight, &build, &stream, options.clone()).unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert!(
+        report.totals.stalls >= 1_000,
+        "l = 1 must wait for most items, counted {}",
+        report.totals.stalls
+    );
+    let loose = controller(&build(), Mode::Approximate, 1e9, 1_000_000, 1_000_000);
+    let (_, report) = simulate(loose, &build, &stream, options).unwrap();
+    assert_eq!(report.totals.stalls, 1, "only the wait for the start marker");
+}
