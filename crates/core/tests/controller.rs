@@ -102,6 +102,17 @@ fn backs_up_every_half_l_items() {
     }
     assert!(backups(&actions).is_empty());
     c.item_processed(9, 0, 0.0, 0, &mut actions);
+    let [(seq, _)] = backups(&actions)[..] else {
+        panic!("{actions:?}")
+    };
+    complete_backup(&mut c, seq);
+    // The next one comes ⌈l/2⌉ items after this one, not sooner.
+    actions.clear();
+    for offset in 10..19 {
+        c.item_processed(offset, 0, 0.0, 0, &mut actions);
+    }
+    assert!(backups(&actions).is_empty(), "{actions:?}");
+    c.item_processed(19, 0, 0.0, 0, &mut actions);
     assert_eq!(backups(&actions).len(), 1);
 }
 
@@ -230,8 +241,20 @@ fn exact_mode_backs_up_completely_every_interval() {
     actions.clear();
     c.backup_written(seq, &mut actions);
     assert!(markers(&actions).is_empty(), "item 0's output first");
+    c.item_processed(3, 0, 0.0, 0, &mut actions);
+    c.item_processed(4, 0, 0.0, 0, &mut actions);
+    c.item_processed(5, 0, 0.0, 0, &mut actions);
+    assert!(
+        backups(&actions).is_empty(),
+        "the next interval's backup waits for the open one"
+    );
     c.outputs_acknowledged(0, 1, &mut actions);
     assert_eq!(markers(&actions)[0].input_offset, 3);
+    assert_eq!(
+        backups(&actions).iter().map(|b| b.1).collect::<Vec<_>>(),
+        vec![BackupScope::Complete],
+        "the deferred one is complete too"
+    );
     assert_eq!(c.thresholds().items, 6, "the window is two intervals");
 }
 
@@ -243,10 +266,17 @@ fn exact_mode_backs_up_on_time_too() {
     });
     let mut c = running(config(mode, 1.0, 1, 100));
     let mut actions = Vec::new();
-    c.item_processed(0, 0, 0.0, 10, &mut actions);
-    c.tick(50, &mut actions);
-    assert!(backups(&actions).is_empty());
-    c.tick(120, &mut actions);
+    c.tick(150, &mut actions);
+    assert!(backups(&actions).is_empty(), "no items, nothing to back up");
+    c.item_processed(0, 0, 0.0, 160, &mut actions);
+    assert_eq!(backups(&actions).len(), 1, "the interval had passed");
+    let seq = backups(&actions)[0].0;
+    complete_backup(&mut c, seq);
+    actions.clear();
+    c.item_processed(1, 0, 0.0, 170, &mut actions);
+    c.tick(200, &mut actions);
+    assert!(backups(&actions).is_empty(), "40 ms since the last interval began");
+    c.tick(260, &mut actions);
     assert_eq!(backups(&actions).len(), 1);
 }
 
