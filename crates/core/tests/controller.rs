@@ -223,6 +223,29 @@ fn a_failed_marker_is_covered_by_a_new_backup() {
 }
 
 #[test]
+fn a_marker_that_fails_while_a_backup_is_open_waits_for_it() {
+    let mut c = running(config(Mode::Approximate, 20.0, 1000, 100));
+    let mut actions = Vec::new();
+    c.item_processed(0, 0, 11.0, 0, &mut actions);
+    let first = backups(&actions)[0].0;
+    actions.clear();
+    c.backup_written(first, &mut actions);
+    let marker = markers(&actions)[0];
+    c.item_processed(1, 0, 11.0, 0, &mut actions);
+    let second = backups(&actions)[0].0;
+    actions.clear();
+    c.marker_failed(marker.seq, &mut actions);
+    assert!(backups(&actions).is_empty(), "one backup open at a time: {actions:?}");
+    c.backup_written(second, &mut actions);
+    assert_eq!(markers(&actions)[0].input_offset, 2);
+    assert_eq!(
+        backups(&actions).len(),
+        1,
+        "the new backup follows the open one's marker"
+    );
+}
+
+#[test]
 fn exact_mode_backs_up_completely_every_interval() {
     let mode = Mode::Exact(ExactInterval {
         items: Some(3),
