@@ -452,3 +452,26 @@ fn invalid_exact_interval_is_an_error() {
     let err = TaskController::start(config(bad, 1.0, 1, 1), &RecoveryPlan::fresh(0), 0, &mut actions).unwrap_err();
     assert!(err.to_string().contains("exact interval"), "{err}");
 }
+
+#[test]
+fn the_state_a_task_reports() {
+    // Θ = 20, L = 40, Γ = 100 → θ = 10, l = 20, γ = 50; α = 1, β = 1.
+    let mut c = running(config(Mode::Approximate, 20.0, 40, 100));
+    let mut actions = Vec::new();
+    assert!(!c.backup_open());
+    c.item_processed(0, 2, 11.0, 0, &mut actions);
+    assert_eq!(c.unacknowledged_outputs(), 2);
+    assert!(c.backup_open(), "θ crossed: a backup's entries are on their way");
+    let seq = backups(&actions)[0].0;
+    c.outputs_acknowledged(0, 2, &mut actions);
+    assert_eq!(c.unacknowledged_outputs(), 0);
+    complete_backup(&mut c, seq);
+    assert!(!c.backup_open());
+    let bound = c.recovery_bound().expect("approximate mode has a bound");
+    assert_eq!(bound.state, 10.0 + 20.0 * 1.0, "θ + l·α");
+    assert_eq!(bound.outputs, 50.0 + 20.0 * 1.0, "γ + l·β");
+    assert_eq!(c.operator_theta(), 10.0);
+    let none = running(config(Mode::None, 20.0, 40, 100));
+    assert_eq!(none.recovery_bound(), None, "mode none claims no bound");
+    assert_eq!(none.operator_theta(), f64::INFINITY);
+}
