@@ -357,6 +357,14 @@ mod tests {
         m.recent.push(12);
         m.recent.push(99);
         assert_eq!(BackupMarker::from_entry(&m.to_entry()).unwrap(), m);
+        for offset in 0..RECENT_FAILURES as u64 {
+            m.recent.push(offset);
+        }
+        assert_eq!(
+            BackupMarker::from_entry(&m.to_entry()).unwrap(),
+            m,
+            "a full list reads back"
+        );
         let m = marker(true);
         assert_eq!(BackupMarker::from_entry(&m.to_entry()).unwrap(), m);
         let mut entry = m.to_entry();

@@ -398,6 +398,10 @@ mod tests {
         p.failures = FailurePolicy::Fixed;
         assert_eq!(p.for_failures(7).theta, 100.0);
         assert_eq!(p.bound_after(3, ONE).state, 3.0 * (100.0 + 10.0));
+        assert_eq!(p.bound_after(3, ONE).outputs, 3.0 * (10.0 + 10.0));
+        let wide = AnalysisConstants { alpha: 2.0, beta: 3 };
+        let one = p.for_failures(0).failure_bound(wide);
+        assert_eq!((one.state, one.outputs), (100.0 + 10.0 * 2.0, 10.0 + 10.0 * 3.0));
     }
 
     #[test]
