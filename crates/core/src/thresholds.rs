@@ -393,6 +393,14 @@ mod tests {
     }
 
     #[test]
+    fn the_halving_limit_is_theta_plus_l_alpha() {
+        let p = policy(1000.0, 100, 50);
+        let c = AnalysisConstants { alpha: 2.0, beta: 3 };
+        let limit = p.limit(c);
+        assert_eq!((limit.state, limit.outputs), (1000.0 + 100.0 * 2.0, 50.0 + 100.0 * 3.0));
+    }
+
+    #[test]
     fn fixed_bound_grows_linearly() {
         let mut p = policy(100.0, 10, 10);
         p.failures = FailurePolicy::Fixed;
@@ -446,6 +454,30 @@ mod tests {
         assert_eq!(last.for_failures(0).theta, 400.0);
         let bad = Placement { stage: 3, ..placement };
         assert!(ThresholdPolicy::new(global, FailurePolicy::Halving, bad, false, ONE).is_err());
+        assert_eq!(additive.for_failures(0).outputs, 100, "Γ/n before halving");
+        for bad in [
+            Placement { stage: 0, ..placement },
+            Placement { stages: 0, ..placement },
+            Placement {
+                parallelism: 0,
+                ..placement
+            },
+            Placement {
+                stage_fanout: f64::INFINITY,
+                ..placement
+            },
+            Placement {
+                stage_fanout: f64::NAN,
+                ..placement
+            },
+            Placement {
+                stage_fanout: 0.5,
+                ..placement
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+        assert!(placement.validate().is_ok());
     }
 
     #[test]

@@ -398,3 +398,17 @@ impl DriftSlots {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn length_and_emptiness() {
+        assert!(DriftSlots::new(Norm::L1, 0).is_empty());
+        let mut slots = DriftSlots::new(Norm::L1, 2);
+        assert!(!slots.is_empty());
+        slots.push();
+        assert_eq!(slots.len(), 3);
+    }
+}
