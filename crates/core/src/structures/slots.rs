@@ -411,4 +411,59 @@ mod tests {
         slots.push();
         assert_eq!(slots.len(), 3);
     }
+
+    fn indices(values: &[(u32, f64)]) -> Vec<u32> {
+        let mut indices: Vec<u32> = values.iter().map(|&(i, _)| i).collect();
+        indices.sort_unstable();
+        indices
+    }
+
+    #[test]
+    fn a_failed_max_norm_write_is_owed_even_once_back_within_theta() {
+        let mut slots = DriftSlots::new(Norm::Max, 3);
+        slots.set_theta(5.0);
+        slots.set(0, 10.0);
+        assert_eq!(slots.backup(1, BackupScope::Drifted).to_vec(), vec![(0, 10.0)]);
+        slots.fail(1);
+        // Back at the baseline: its drift is 0, but the store may hold 10.
+        slots.set(0, 0.0);
+        assert_eq!(slots.backup(2, BackupScope::Drifted).to_vec(), vec![(0, 0.0)]);
+        slots.fail(2);
+        assert_eq!(
+            slots.backup(3, BackupScope::Complete).to_vec(),
+            vec![(0, 0.0)],
+            "a complete backup owes it too"
+        );
+        slots.acknowledge(3);
+        assert!(
+            slots.backup(4, BackupScope::Complete).is_empty(),
+            "paid once acknowledged"
+        );
+    }
+
+    #[test]
+    fn a_new_theta_rescans_which_max_norm_slots_are_over_it() {
+        let mut slots = DriftSlots::new(Norm::Max, 3);
+        slots.set_theta(100.0);
+        slots.set(1, 10.0);
+        slots.set(2, -3.0);
+        assert!(slots.backup(1, BackupScope::Drifted).is_empty());
+        slots.acknowledge(1);
+        slots.set_theta(5.0);
+        assert_eq!(slots.divergence(), 10.0, "exact once over θ");
+        assert_eq!(indices(slots.backup(2, BackupScope::Drifted)), vec![1]);
+        slots.fail(2);
+        slots.set_theta(2.0);
+        assert_eq!(indices(slots.backup(3, BackupScope::Drifted)), vec![1, 2]);
+        slots.acknowledge(3);
+        assert!(
+            slots.divergence() <= 2.0,
+            "below θ it is an upper bound that never exceeds θ"
+        );
+        slots.set_theta(50.0);
+        slots.set(2, 7.0);
+        assert!(slots.divergence() <= 50.0);
+        assert!(slots.backup(4, BackupScope::Drifted).is_empty());
+        assert_eq!(indices(slots.backup(5, BackupScope::Complete)), vec![2]);
+    }
 }
