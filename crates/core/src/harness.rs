@@ -415,12 +415,10 @@ where
 
     fn deliver(&mut self, force: bool) -> bool {
         let delivered = self.broker.deliver(force);
-        let acks = std::mem::take(&mut self.broker.acks);
-        for ack in &acks {
-            self.driver.acknowledge(*ack, &mut self.broker);
+        // Acknowledging writes only queues further writes, never further acks.
+        for ack in std::mem::take(&mut self.broker.acks) {
+            self.driver.acknowledge(ack, &mut self.broker);
         }
-        self.broker.acks = acks;
-        self.broker.acks.clear();
         delivered
     }
 

@@ -45,16 +45,15 @@ impl RecentFailures {
         let FailurePolicy::Recovering { window_items } = policy else {
             return;
         };
-        let kept: Vec<u64> = self
-            .as_slice()
-            .iter()
-            .copied()
-            .filter(|&at| at.saturating_add(window_items) > now)
-            .collect();
-        *self = RecentFailures::default();
-        for offset in kept {
-            self.push(offset);
+        let mut kept = 0;
+        for index in 0..usize::from(self.len) {
+            let at = self.offsets[index];
+            if at.saturating_add(window_items) > now {
+                self.offsets[kept] = at;
+                kept += 1;
+            }
         }
+        self.len = kept as u8;
     }
 }
 
