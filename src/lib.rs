@@ -7,3 +7,4 @@
 
 pub use afstream_core as core;
 pub use afstream_core::{operators, workloads};
+pub mod service;

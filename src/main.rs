@@ -11,6 +11,7 @@ use afstream::core::{
 use afstream::operators::heavy_hitters::detection_accuracy;
 use afstream::operators::online_join::{exact_join, relative_error};
 use afstream::operators::*;
+use afstream::service;
 use afstream::workloads;
 use clap::{Parser, Subcommand, ValueEnum};
 use rand::{Rng, SeedableRng};
@@ -32,6 +33,57 @@ enum Command {
     /// points, and report every recovery's observed error beside its proven bound
     /// and the final accuracy against the exact answer.
     Simulate(SimulateArgs),
+    /// Run the pipeline of a config file against Kafka until SIGTERM or SIGINT
+    /// (then stop cleanly: final backup, marker and commit).
+    Run(RunArgs),
+    /// Produce a seeded synthetic workload into a topic (created when missing).
+    Produce(ProduceArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The pipeline's config file (TOML).
+    #[arg(long)]
+    config: std::path::PathBuf,
+    /// Stop cleanly once every partition is processed up to the end it had when
+    /// it was assigned.
+    #[arg(long)]
+    stop_at_end: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ProduceWorkload {
+    /// Text lines of Zipf-distributed words.
+    Text,
+    /// JSON packets of Zipf-distributed flows, keyed by flow.
+    Packets,
+}
+
+#[derive(clap::Args)]
+struct ProduceArgs {
+    #[arg(long, env = "AFSTREAM_BOOTSTRAP_SERVERS")]
+    bootstrap_servers: String,
+    #[arg(long)]
+    topic: String,
+    #[arg(long, value_enum)]
+    workload: ProduceWorkload,
+    #[arg(long, default_value_t = 20_000)]
+    items: usize,
+    /// Partitions of the topic when it has to be created.
+    #[arg(long, default_value_t = 1)]
+    partitions: usize,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// librdkafka properties (KEY=VALUE), repeatable.
+    #[arg(long = "property", value_parser = parse_property)]
+    properties: Vec<(String, String)>,
+}
+
+fn parse_property(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("{text:?} is not KEY=VALUE"))
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -87,8 +139,18 @@ struct SimulateArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let result = match cli.command {
         Command::Simulate(args) => run_simulation(&args),
+        Command::Run(args) => run_service(&args),
+        Command::Produce(args) => produce(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -97,6 +159,38 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn run_service(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    let config = service::config::load(&args.config, &|key| std::env::var(key).ok()).map_err(|e| e.to_string())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .map_err(|e| format!("installing a signal handler: {e}"))?;
+    }
+    let options = service::RunOptions {
+        stop_at_end: args.stop_at_end,
+    };
+    Ok(service::run(&config, &stop, options)?)
+}
+
+fn produce(args: &ProduceArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let kafka = service::config::KafkaConfig {
+        bootstrap_servers: args.bootstrap_servers.clone(),
+        group_id: String::new(),
+        properties: args.properties.iter().cloned().collect(),
+        replication_factor: 1,
+    };
+    let records = match args.workload {
+        ProduceWorkload::Text => service::produce::text_records(args.items, args.seed),
+        ProduceWorkload::Packets => service::produce::packet_records(args.items, args.seed),
+    };
+    service::produce::produce(&kafka, &args.topic, args.partitions, &records).map_err(|e| e.to_string())?;
+    eprintln!("produced {} records to {}", records.len(), args.topic);
+    Ok(())
 }
 
 fn controller_config(op: &impl Operator, args: &SimulateArgs, theta: f64) -> Result<ControllerConfig, CoreError> {

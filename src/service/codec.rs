@@ -1,0 +1,136 @@
+//! From Kafka records to operator inputs and from operator outputs to records.
+//!
+//! Decoding writes into an input the task reuses, so the hot path does not
+//! allocate per item once its buffers have grown.
+
+use std::borrow::Cow;
+use std::io::Write as _;
+
+use serde::Deserialize;
+
+use crate::core::{CoreError, Operator};
+use crate::operators::heavy_hitters::{FlowPacket, HeavyHitter, HeavyHitterConfig, HeavyHitters};
+use crate::operators::keyed_aggregation::KeyUpdate;
+use crate::operators::word_count::{WordCount, WordCountConfig};
+
+/// An operator the service can run: how it is built, how a record becomes its
+/// input and how its output becomes a record.
+pub trait ServiceOperator: Operator + Sized {
+    type Config: Clone;
+
+    fn build(config: &Self::Config) -> Result<Self, CoreError>;
+
+    /// An input to decode into.
+    fn empty_input() -> Self::Input;
+
+    /// Decodes a record's value into `input`; the error says why it does not decode.
+    fn decode(value: &[u8], input: &mut Self::Input) -> Result<(), String>;
+
+    /// Encodes an output's key and value (both cleared first).
+    fn encode(output: &Self::Output, key: &mut Vec<u8>, value: &mut Vec<u8>);
+}
+
+impl ServiceOperator for WordCount {
+    type Config = WordCountConfig;
+
+    fn build(config: &WordCountConfig) -> Result<Self, CoreError> {
+        WordCount::new(*config)
+    }
+
+    fn empty_input() -> String {
+        String::new()
+    }
+
+    fn decode(value: &[u8], line: &mut String) -> Result<(), String> {
+        let text = std::str::from_utf8(value).map_err(|e| format!("not UTF-8 text: {e}"))?;
+        line.clear();
+        line.push_str(text);
+        Ok(())
+    }
+
+    /// Kafka Streams' convention: the word is the key, its new count the value.
+    fn encode(update: &KeyUpdate, key: &mut Vec<u8>, value: &mut Vec<u8>) {
+        key.clear();
+        key.extend_from_slice(&update.key);
+        value.clear();
+        let _ = write!(value, "{}", update.value);
+    }
+}
+
+/// A packet as users produce it: `{"flow": "…", "bytes": 1500}`.
+#[derive(Deserialize)]
+struct PacketRecord<'a> {
+    #[serde(borrow)]
+    flow: Cow<'a, str>,
+    bytes: u64,
+}
+
+impl ServiceOperator for HeavyHitters {
+    type Config = HeavyHitterConfig;
+
+    fn build(config: &HeavyHitterConfig) -> Result<Self, CoreError> {
+        HeavyHitters::new(*config)
+    }
+
+    fn empty_input() -> FlowPacket {
+        FlowPacket {
+            flow: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    fn decode(value: &[u8], packet: &mut FlowPacket) -> Result<(), String> {
+        let record: PacketRecord<'_> =
+            serde_json::from_slice(value).map_err(|e| format!("not a packet {{\"flow\": …, \"bytes\": …}}: {e}"))?;
+        packet.flow.clear();
+        packet.flow.extend_from_slice(record.flow.as_bytes());
+        packet.bytes = record.bytes;
+        Ok(())
+    }
+
+    /// Keyed by flow; the value is `{"flow": "…", "estimate": bytes}`.
+    fn encode(hitter: &HeavyHitter, key: &mut Vec<u8>, value: &mut Vec<u8>) {
+        key.clear();
+        key.extend_from_slice(&hitter.flow);
+        value.clear();
+        let flow = String::from_utf8_lossy(&hitter.flow);
+        let _ = serde_json::to_writer(
+            &mut *value,
+            &serde_json::json!({ "flow": flow, "estimate": hitter.estimate }),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_lines_decode_and_counts_encode_as_kafka_streams_does() {
+        let mut line = WordCount::empty_input();
+        WordCount::decode(b"to be or not", &mut line).expect("text");
+        assert_eq!(line, "to be or not");
+        assert!(WordCount::decode(&[0xff, 0xfe], &mut line)
+            .unwrap_err()
+            .contains("UTF-8"));
+        let (mut key, mut value) = (Vec::new(), Vec::new());
+        WordCount::encode(
+            &KeyUpdate {
+                key: b"be".to_vec(),
+                value: 3.0,
+            },
+            &mut key,
+            &mut value,
+        );
+        assert_eq!((key.as_slice(), value.as_slice()), (&b"be"[..], &b"3"[..]));
+    }
+
+    #[test]
+    fn packets_decode_from_json_and_bad_ones_say_why() {
+        let mut packet = HeavyHitters::empty_input();
+        HeavyHitters::decode(br#"{"flow":"a\"b","bytes":1500}"#, &mut packet).expect("packet");
+        assert_eq!((packet.flow.as_slice(), packet.bytes), (&b"a\"b"[..], 1500));
+        let error = HeavyHitters::decode(br#"{"flow":"a"}"#, &mut packet).unwrap_err();
+        assert!(error.contains("bytes"), "{error}");
+    }
+}

@@ -1,0 +1,317 @@
+//! The service's config file (TOML): the Kafka connection, the pipeline, its
+//! operator and its thresholds.
+//!
+//! Every table rejects unknown keys, and every value is checked before anything
+//! connects, so a bad file fails with the key and the reason.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::core::{CoreError, ExactInterval, FailurePolicy, GlobalThresholds, Mode};
+use crate::operators::{HeavyHitterConfig, WordCountConfig};
+
+/// Overrides `kafka.bootstrap_servers` of any config file.
+pub const ENV_BOOTSTRAP_SERVERS: &str = "AFSTREAM_BOOTSTRAP_SERVERS";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub kafka: KafkaConfig,
+    pub pipeline: PipelineConfig,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    pub bootstrap_servers: String,
+    /// The consumer group; also the prefix of the changelog topic's default name.
+    pub group_id: String,
+    /// librdkafka properties, passed as they are to every client (after
+    /// afstream's own defaults, so they win).
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    /// Replication factor of the topics afstream creates.
+    #[serde(default = "default_replication")]
+    pub replication_factor: i32,
+}
+
+fn default_replication() -> i32 {
+    1
+}
+
+/// How input values are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    /// The value is one UTF-8 text line.
+    Text,
+    /// The value is one JSON object.
+    Json,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    pub input_topic: String,
+    /// Created when missing, with as many partitions as the input.
+    pub output_topic: String,
+    /// Default: `<group_id>-changelog`. Created when missing: compacted, one
+    /// partition per input partition.
+    #[serde(default)]
+    pub changelog_topic: Option<String>,
+    pub format: Format,
+    pub operator: OperatorConfig,
+    pub fault_tolerance: FaultToleranceConfig,
+}
+
+impl PipelineConfig {
+    pub fn changelog_topic(&self, group_id: &str) -> String {
+        self.changelog_topic
+            .clone()
+            .unwrap_or_else(|| format!("{group_id}-changelog"))
+    }
+}
+
+/// The operator and its parameters (`kind` names it).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum OperatorConfig {
+    WordCount(WordCountConfig),
+    HeavyHitters(HeavyHitterConfig),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModeName {
+    None,
+    Approximate,
+    Exact,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyName {
+    /// The papers' policy: each failure halves θ, l and γ for good.
+    Halving,
+    /// Thresholds never change.
+    Fixed,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultToleranceConfig {
+    pub mode: ModeName,
+    /// Θ: the divergence from the last backup a failure may lose (all tasks).
+    pub theta: f64,
+    /// L: input items past the last backup marker (all tasks).
+    pub max_uncovered: u64,
+    /// Γ: outputs not acknowledged by the broker (all tasks).
+    pub max_unacked: u64,
+    #[serde(default = "default_policy")]
+    pub policy: PolicyName,
+    /// With the halving policy: a failure stops counting (and the thresholds
+    /// come back) this many items after its recovery resumed.
+    #[serde(default)]
+    pub recover_after_items: Option<u64>,
+    /// Exact mode: a complete backup every this many items …
+    #[serde(default)]
+    pub exact_interval_items: Option<u64>,
+    /// … and/or every this many milliseconds.
+    #[serde(default)]
+    pub exact_interval_ms: Option<u64>,
+}
+
+fn default_policy() -> PolicyName {
+    PolicyName::Halving
+}
+
+impl FaultToleranceConfig {
+    pub fn mode(&self) -> Mode {
+        match self.mode {
+            ModeName::None => Mode::None,
+            ModeName::Approximate => Mode::Approximate,
+            ModeName::Exact => Mode::Exact(ExactInterval {
+                items: self.exact_interval_items,
+                millis: self.exact_interval_ms,
+            }),
+        }
+    }
+
+    pub fn failure_policy(&self) -> FailurePolicy {
+        match (self.policy, self.recover_after_items) {
+            (PolicyName::Fixed, _) => FailurePolicy::Fixed,
+            (PolicyName::Halving, Some(window_items)) => FailurePolicy::Recovering { window_items },
+            (PolicyName::Halving, None) => FailurePolicy::Halving,
+        }
+    }
+
+    pub fn global(&self) -> Result<GlobalThresholds, CoreError> {
+        GlobalThresholds::new(self.theta, self.max_uncovered, self.max_unacked)
+    }
+}
+
+/// Reads and checks a config file; `env` looks up environment variables.
+pub fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(&text, env).map_err(|message| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        message,
+    })
+}
+
+/// Parses and checks config text.
+pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, String> {
+    let mut config: Config = toml::from_str(text).map_err(|e| e.to_string())?;
+    if let Some(servers) = env(ENV_BOOTSTRAP_SERVERS).filter(|s| !s.trim().is_empty()) {
+        config.kafka.bootstrap_servers = servers;
+    }
+    validate(&config)?;
+    Ok(config)
+}
+
+fn validate(config: &Config) -> Result<(), String> {
+    let required = [
+        ("kafka.bootstrap_servers", &config.kafka.bootstrap_servers),
+        ("kafka.group_id", &config.kafka.group_id),
+        ("pipeline.input_topic", &config.pipeline.input_topic),
+        ("pipeline.output_topic", &config.pipeline.output_topic),
+    ];
+    for (key, value) in required {
+        if value.trim().is_empty() {
+            return Err(format!("`{key}` is empty: it must name something"));
+        }
+    }
+    if config.kafka.replication_factor < 1 {
+        return Err(format!(
+            "`kafka.replication_factor` = {}: a topic needs at least one replica",
+            config.kafka.replication_factor
+        ));
+    }
+    let pipeline = &config.pipeline;
+    let changelog = pipeline.changelog_topic(&config.kafka.group_id);
+    if changelog == pipeline.input_topic
+        || changelog == pipeline.output_topic
+        || pipeline.input_topic == pipeline.output_topic
+    {
+        return Err(format!(
+            "the input ({}), output ({}) and changelog ({changelog}) topics must differ",
+            pipeline.input_topic, pipeline.output_topic
+        ));
+    }
+    let ft = &pipeline.fault_tolerance;
+    ft.global().map_err(|e| format!("pipeline.fault_tolerance: {e}"))?;
+    ft.mode()
+        .validate()
+        .map_err(|e| format!("pipeline.fault_tolerance: {e}"))?;
+    ft.failure_policy()
+        .validate()
+        .map_err(|e| format!("pipeline.fault_tolerance: {e}"))?;
+    if ft.mode != ModeName::Exact && (ft.exact_interval_items.is_some() || ft.exact_interval_ms.is_some()) {
+        return Err(
+            "pipeline.fault_tolerance: `exact_interval_items` / `exact_interval_ms` apply to mode = \"exact\" only"
+                .into(),
+        );
+    }
+    match (&pipeline.operator, pipeline.format) {
+        (OperatorConfig::WordCount(_), Format::Text) | (OperatorConfig::HeavyHitters(_), Format::Json) => Ok(()),
+        (OperatorConfig::WordCount(_), format) => Err(format!(
+            "pipeline.format = {format:?}: word_count reads text lines (format = \"text\")"
+        )),
+        (OperatorConfig::HeavyHitters(_), format) => Err(format!(
+            "pipeline.format = {format:?}: heavy_hitters reads JSON packets {{\"flow\": \"…\", \"bytes\": N}} (format = \"json\")"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[kafka]
+bootstrap_servers = "127.0.0.1:9092"
+group_id = "wc"
+properties = { "fetch.wait.max.ms" = "10" }
+
+[pipeline]
+input_topic = "lines"
+output_topic = "counts"
+format = "text"
+
+[pipeline.operator]
+kind = "word_count"
+max_words_per_line = 50
+
+[pipeline.fault_tolerance]
+mode = "approximate"
+theta = 1000.0
+max_uncovered = 500
+max_unacked = 500
+"#;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn a_good_file_parses_with_defaults() {
+        let config = parse(GOOD, &no_env).expect("valid");
+        assert_eq!(config.pipeline.changelog_topic("wc"), "wc-changelog");
+        assert_eq!(
+            config.kafka.properties.get("fetch.wait.max.ms").map(String::as_str),
+            Some("10")
+        );
+        assert_eq!(config.pipeline.fault_tolerance.failure_policy(), FailurePolicy::Halving);
+        match config.pipeline.operator {
+            OperatorConfig::WordCount(wc) => assert_eq!(wc.max_words_per_line, 50),
+            other => panic!("wrong operator {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_environment_overrides_the_bootstrap_servers() {
+        let env = |key: &str| (key == ENV_BOOTSTRAP_SERVERS).then(|| "broker:1234".to_string());
+        assert_eq!(parse(GOOD, &env).expect("valid").kafka.bootstrap_servers, "broker:1234");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_name_the_key() {
+        let unknown = GOOD.replace("max_words_per_line", "max_words");
+        assert!(parse(&unknown, &no_env).unwrap_err().contains("max_words"));
+        let negative = GOOD.replace("theta = 1000.0", "theta = -1.0");
+        assert!(parse(&negative, &no_env).unwrap_err().contains("theta"));
+        let format = GOOD.replace("format = \"text\"", "format = \"json\"");
+        assert!(parse(&format, &no_env).unwrap_err().contains("format"));
+        let same = GOOD.replace("output_topic = \"counts\"", "output_topic = \"lines\"");
+        assert!(parse(&same, &no_env).unwrap_err().contains("must differ"));
+        let interval = GOOD.replace("max_unacked = 500", "max_unacked = 500\nexact_interval_ms = 100");
+        assert!(parse(&interval, &no_env).unwrap_err().contains("exact_interval"));
+    }
+
+    #[test]
+    fn the_shipped_configs_are_valid() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&dir).expect("configs/") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                load(&path, &no_env).unwrap_or_else(|e| panic!("{e}"));
+                checked += 1;
+            }
+        }
+        assert!(checked >= 2, "configs/ holds {checked} configs");
+    }
+}

@@ -1,0 +1,337 @@
+//! The Kafka side: client settings, topic checks and creation, reading a
+//! changelog partition, and the producer's delivery reports.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::producer::{DeliveryResult, ProducerContext};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use super::config::KafkaConfig;
+use crate::core::{BackupEntry, ChangelogReader, ChangelogState, EntryBytes};
+
+/// How long one broker request may take before it is reported.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaSetupError {
+    #[error("Kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error("input topic {0:?} does not exist (create it with the partitions you want tasks)")]
+    MissingTopic(String),
+    #[error("topic {topic:?}: {reason}")]
+    Topic { topic: String, reason: String },
+    #[error("reading changelog {topic:?} partition {partition}: {reason}")]
+    Changelog {
+        topic: String,
+        partition: i32,
+        reason: String,
+    },
+}
+
+/// The settings every client shares: the brokers, then the user's properties.
+pub fn client_config(kafka: &KafkaConfig, defaults: &[(&str, &str)]) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", &kafka.bootstrap_servers);
+    for (key, value) in defaults {
+        config.set(*key, *value);
+    }
+    for (key, value) in &kafka.properties {
+        config.set(key, value);
+    }
+    config
+}
+
+/// The number of partitions of `topic`, or `None` if it does not exist.
+pub fn partition_count(kafka: &KafkaConfig, topic: &str) -> Result<Option<usize>, KafkaSetupError> {
+    let consumer: BaseConsumer = client_config(kafka, &[]).create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
+    Ok(metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .filter(|t| t.error().is_none() && !t.partitions().is_empty())
+        .map(|t| t.partitions().len()))
+}
+
+/// A topic afstream creates when it is missing.
+pub struct TopicSpec<'a> {
+    pub name: &'a str,
+    pub partitions: usize,
+    pub compacted: bool,
+}
+
+/// Creates the topics that are missing and checks that the others have at least
+/// the partitions asked for.
+pub fn ensure_topics(kafka: &KafkaConfig, topics: &[TopicSpec<'_>]) -> Result<(), KafkaSetupError> {
+    let mut missing = Vec::new();
+    for topic in topics {
+        match partition_count(kafka, topic.name)? {
+            Some(found) if found < topic.partitions => {
+                return Err(KafkaSetupError::Topic {
+                    topic: topic.name.to_string(),
+                    reason: format!("has {found} partitions, needs at least {}", topic.partitions),
+                })
+            }
+            Some(_) => {}
+            None => missing.push(topic),
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let admin: AdminClient<DefaultClientContext> = client_config(kafka, &[]).create()?;
+    let new_topics: Vec<NewTopic<'_>> = missing
+        .iter()
+        .map(|t| {
+            let topic = NewTopic::new(
+                t.name,
+                i32::try_from(t.partitions).unwrap_or(i32::MAX),
+                TopicReplication::Fixed(kafka.replication_factor),
+            );
+            if t.compacted {
+                topic.set("cleanup.policy", "compact")
+            } else {
+                topic
+            }
+        })
+        .collect();
+    let options = AdminOptions::new().operation_timeout(Some(REQUEST_TIMEOUT));
+    let results = futures_executor::block_on(admin.create_topics(new_topics.iter(), &options))?;
+    for result in results {
+        match result {
+            Ok(name) => tracing::info!(topic = %name, "created topic"),
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((name, code)) => {
+                return Err(KafkaSetupError::Topic {
+                    topic: name,
+                    reason: format!("cannot create it: {code}"),
+                })
+            }
+        }
+    }
+    // Metadata propagates asynchronously: wait until every new topic is visible.
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    for topic in missing {
+        while partition_count(kafka, topic.name)?.is_none() {
+            if Instant::now() > deadline {
+                return Err(KafkaSetupError::Topic {
+                    topic: topic.name.to_string(),
+                    reason: "created, but not in the metadata after 10 s".into(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    Ok(())
+}
+
+/// Reads changelog partitions from their beginning to their end.
+pub struct ChangelogLoader {
+    consumer: BaseConsumer,
+    topic: String,
+}
+
+impl ChangelogLoader {
+    pub fn new(kafka: &KafkaConfig, topic: &str) -> Result<Self, KafkaSetupError> {
+        // librdkafka assigns only with a group id; this client never subscribes,
+        // so it never joins that group, and it commits nothing.
+        let group = format!("{}-changelog-reader", kafka.group_id);
+        let consumer: BaseConsumer = client_config(
+            kafka,
+            &[
+                ("group.id", group.as_str()),
+                ("enable.auto.commit", "false"),
+                ("enable.partition.eof", "true"),
+            ],
+        )
+        .create()?;
+        Ok(ChangelogLoader {
+            consumer,
+            topic: topic.to_string(),
+        })
+    }
+
+    fn error(&self, partition: i32, reason: impl ToString) -> KafkaSetupError {
+        KafkaSetupError::Changelog {
+            topic: self.topic.clone(),
+            partition,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// The latest record per key and the last marker of a partition.
+    pub fn load(&self, partition: i32) -> Result<ChangelogState, KafkaSetupError> {
+        let (low, high) = self
+            .consumer
+            .fetch_watermarks(&self.topic, partition, REQUEST_TIMEOUT)
+            .map_err(|e| self.error(partition, e))?;
+        let mut reader = ChangelogReader::new();
+        if low < high {
+            let mut assignment = TopicPartitionList::new();
+            assignment
+                .add_partition_offset(&self.topic, partition, Offset::Offset(low))
+                .map_err(|e| self.error(partition, e))?;
+            self.consumer
+                .assign(&assignment)
+                .map_err(|e| self.error(partition, e))?;
+            let mut last_progress = Instant::now();
+            loop {
+                match self.consumer.poll(Duration::from_millis(100)) {
+                    Some(Ok(message)) => {
+                        last_progress = Instant::now();
+                        reader.push(BackupEntry {
+                            key: EntryBytes::from_slice(message.key().unwrap_or_default()),
+                            value: message.payload().map(EntryBytes::from_slice),
+                        });
+                        if message.offset() >= high - 1 {
+                            break;
+                        }
+                    }
+                    Some(Err(KafkaError::PartitionEOF(_))) => break,
+                    Some(Err(e)) => {
+                        tracing::warn!(topic = %self.topic, partition, error = %e, "changelog read; retrying")
+                    }
+                    None => {}
+                }
+                if last_progress.elapsed() > REQUEST_TIMEOUT * 3 {
+                    return Err(self.error(partition, "no record for 30 s before the end of the partition"));
+                }
+            }
+            self.consumer.unassign().map_err(|e| self.error(partition, e))?;
+        }
+        reader.finish().map_err(|e| self.error(partition, e))
+    }
+}
+
+/// What a produced record is for. Packed into the `usize` the producer carries
+/// to the delivery report, so sending allocates nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// An output of the input item at `offset` of `partition`.
+    Output { partition: i32, offset: u64 },
+    /// One record of backup `seq`.
+    BackupRecord { partition: i32, seq: u64 },
+    /// The marker of backup `seq`.
+    Marker { partition: i32, seq: u64 },
+}
+
+const VALUE_BITS: u32 = 46;
+const PARTITION_BITS: u32 = 16;
+
+impl Delivery {
+    /// The largest offset or sequence number that packs.
+    pub const MAX_VALUE: u64 = (1 << VALUE_BITS) - 1;
+
+    pub fn pack(self) -> usize {
+        let (kind, partition, value) = match self {
+            Delivery::Output { partition, offset } => (0u64, partition, offset),
+            Delivery::BackupRecord { partition, seq } => (1, partition, seq),
+            Delivery::Marker { partition, seq } => (2, partition, seq),
+        };
+        let partition = (partition as u64) & ((1 << PARTITION_BITS) - 1);
+        ((kind << (VALUE_BITS + PARTITION_BITS)) | (partition << VALUE_BITS) | (value & Self::MAX_VALUE)) as usize
+    }
+
+    pub fn unpack(packed: usize) -> Self {
+        let packed = packed as u64;
+        let value = packed & Self::MAX_VALUE;
+        let partition = ((packed >> VALUE_BITS) & ((1 << PARTITION_BITS) - 1)) as i32;
+        match packed >> (VALUE_BITS + PARTITION_BITS) {
+            0 => Delivery::Output {
+                partition,
+                offset: value,
+            },
+            1 => Delivery::BackupRecord { partition, seq: value },
+            _ => Delivery::Marker { partition, seq: value },
+        }
+    }
+}
+
+/// A failed record, kept so that an output can be sent again.
+#[derive(Clone, Debug)]
+pub struct FailedRecord {
+    pub error: String,
+    pub topic: String,
+    pub partition: i32,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+}
+
+/// A delivery report.
+#[derive(Clone, Debug)]
+pub struct DeliveryEvent {
+    pub delivery: Delivery,
+    pub failure: Option<FailedRecord>,
+}
+
+/// Collects delivery reports; the task loop drains them after each producer poll.
+#[derive(Default)]
+pub struct DeliveryReports {
+    events: Mutex<Vec<DeliveryEvent>>,
+}
+
+impl DeliveryReports {
+    pub fn drain_into(&self, out: &mut Vec<DeliveryEvent>) {
+        if let Ok(mut events) = self.events.lock() {
+            out.append(&mut events);
+        }
+    }
+}
+
+impl ClientContext for DeliveryReports {}
+
+impl ProducerContext for DeliveryReports {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, packed: usize) {
+        let failure = match result {
+            Ok(_) => None,
+            Err((error, message)) => Some(FailedRecord {
+                error: error.to_string(),
+                topic: message.topic().to_string(),
+                partition: message.partition(),
+                key: message.key().map(<[u8]>::to_vec),
+                value: message.payload().map(<[u8]>::to_vec),
+            }),
+        };
+        if let Ok(mut events) = self.events.lock() {
+            events.push(DeliveryEvent {
+                delivery: Delivery::unpack(packed),
+                failure,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deliveries_pack_into_a_usize_and_back() {
+        for delivery in [
+            Delivery::Output {
+                partition: 0,
+                offset: 0,
+            },
+            Delivery::Output {
+                partition: 65_535,
+                offset: Delivery::MAX_VALUE,
+            },
+            Delivery::BackupRecord {
+                partition: 7,
+                seq: 123_456,
+            },
+            Delivery::Marker { partition: 3, seq: 9 },
+        ] {
+            assert_eq!(Delivery::unpack(delivery.pack()), delivery);
+        }
+    }
+}

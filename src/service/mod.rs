@@ -1,0 +1,54 @@
+//! The Kafka service: `afstream run`.
+//!
+//! * [`config`]: the TOML config file;
+//! * [`codec`]: records to operator inputs, outputs to records;
+//! * [`kafka`]: clients, topics, changelog reading, delivery reports;
+//! * [`produce`]: seeded workloads into an input topic;
+//! * [`runner`]: the consumer group and one core `TaskDriver` per partition.
+
+pub mod codec;
+pub mod config;
+pub mod kafka;
+pub mod produce;
+pub mod runner;
+
+use std::sync::atomic::AtomicBool;
+
+use crate::core::CoreError;
+use crate::operators::{HeavyHitters, WordCount};
+use config::{Config, OperatorConfig};
+use kafka::KafkaSetupError;
+pub use runner::RunOptions;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Setup(#[from] KafkaSetupError),
+    #[error("Kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("{0}")]
+    Core(#[from] CoreError),
+    #[error("restoring input partition {partition}: {source}")]
+    Restore { partition: i32, source: CoreError },
+    #[error("rebalance: {0}")]
+    Rebalance(String),
+    #[error("input partition {partition}: {message}")]
+    Task { partition: i32, message: String },
+    #[error("clean stop: {0}")]
+    Stop(String),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("producing: {0}")]
+    Produce(String),
+}
+
+/// Runs the configured pipeline until `stop` is set (or its input ends, with
+/// `stop_at_end`).
+pub fn run(config: &Config, stop: &AtomicBool, options: RunOptions) -> Result<(), ServiceError> {
+    match &config.pipeline.operator {
+        OperatorConfig::WordCount(c) => runner::run_pipeline::<WordCount>(config, c, stop, options),
+        OperatorConfig::HeavyHitters(c) => runner::run_pipeline::<HeavyHitters>(config, c, stop, options),
+    }
+}

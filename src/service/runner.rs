@@ -1,0 +1,812 @@
+//! `afstream run`: one consumer in the group, one task per assigned partition,
+//! each a [`TaskDriver`] whose I/O ([`KafkaIo`]) produces outputs, backups and
+//! markers and stores offsets. The loop here only moves records and
+//! acknowledgements between Kafka and the drivers; every decision is the core's.
+
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::base_consumer::PartitionQueue;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use super::codec::ServiceOperator;
+use super::config::Config;
+use super::kafka::{
+    client_config, ensure_topics, partition_count, ChangelogLoader, Delivery, DeliveryEvent, DeliveryReports,
+    KafkaSetupError, TopicSpec, REQUEST_TIMEOUT,
+};
+use super::ServiceError;
+use crate::core::{
+    Ack, BackupEntry, BackupMarker, ChangelogState, ControllerConfig, Placement, RecoveryPlan, Rejected, TaskDriver,
+    TaskIo, ThresholdPolicy,
+};
+
+/// Records a task takes from its partition queue at a time.
+const POLL_BATCH: usize = 500;
+/// How long a clean stop may take before the process gives up on it.
+const STOP_DEADLINE: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunOptions {
+    /// Stop cleanly once every partition is processed up to the end it had when
+    /// it was assigned (for batch jobs, demos and benchmarks).
+    pub stop_at_end: bool,
+}
+
+/// The topics of the pipeline.
+struct Topics {
+    input: String,
+    output: String,
+    changelog: String,
+}
+
+/// A partition handed over by a rebalance, with what its task restores.
+struct Assigned {
+    partition: i32,
+    changelog: ChangelogState,
+    committed: Option<u64>,
+    /// The input partition's end when it was assigned.
+    end: u64,
+}
+
+/// The consumer's context: rebalances restore each new partition's changelog
+/// and start it at its recovery point before it is assigned, so no record is
+/// fetched from anywhere else.
+struct GroupContext {
+    input_topic: String,
+    loader: ChangelogLoader,
+    controller: ControllerConfig,
+    assigned: Mutex<Vec<Assigned>>,
+    revoked: Mutex<Vec<i32>>,
+    failure: Mutex<Option<String>>,
+}
+
+impl ClientContext for GroupContext {}
+
+impl GroupContext {
+    fn fail(&self, message: String) {
+        tracing::error!("{message}");
+        if let Ok(mut failure) = self.failure.lock() {
+            failure.get_or_insert(message);
+        }
+    }
+
+    fn prepare(&self, consumer: &BaseConsumer<Self>, tpl: &mut TopicPartitionList) -> Result<(), String> {
+        let committed = consumer
+            .committed_offsets(tpl.clone(), REQUEST_TIMEOUT)
+            .map_err(|e| format!("reading the group's committed offsets: {e}"))?;
+        let partitions: Vec<i32> = tpl
+            .elements_for_topic(&self.input_topic)
+            .iter()
+            .map(|e| e.partition())
+            .collect();
+        let mut assigned = Vec::with_capacity(partitions.len());
+        for partition in partitions {
+            let changelog = self.loader.load(partition).map_err(|e| e.to_string())?;
+            let committed = match committed
+                .find_partition(&self.input_topic, partition)
+                .map(|e| e.offset())
+            {
+                Some(Offset::Offset(offset)) if offset >= 0 => Some(offset as u64),
+                _ => None,
+            };
+            let (_, end) = consumer
+                .fetch_watermarks(&self.input_topic, partition, REQUEST_TIMEOUT)
+                .map_err(|e| format!("input partition {partition}: {e}"))?;
+            let plan = RecoveryPlan::decide(
+                self.controller.mode,
+                changelog.marker.as_ref(),
+                committed,
+                0,
+                self.controller.constants,
+            );
+            tpl.set_partition_offset(&self.input_topic, partition, Offset::Offset(plan.resume_offset as i64))
+                .map_err(|e| format!("input partition {partition}: {e}"))?;
+            assigned.push(Assigned {
+                partition,
+                changelog,
+                committed,
+                end: end.max(0) as u64,
+            });
+        }
+        let assign = match consumer.rebalance_protocol() {
+            RebalanceProtocol::Cooperative => consumer.incremental_assign(tpl),
+            _ => consumer.assign(tpl),
+        };
+        assign.map_err(|e| format!("assigning partitions: {e}"))?;
+        if let Ok(mut queue) = self.assigned.lock() {
+            queue.extend(assigned);
+        }
+        Ok(())
+    }
+}
+
+impl ConsumerContext for GroupContext {
+    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                if let Err(message) = self.prepare(consumer, tpl) {
+                    self.fail(format!("restoring newly assigned partitions: {message}"));
+                }
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                if let Ok(mut revoked) = self.revoked.lock() {
+                    revoked.extend(tpl.elements().iter().map(|e| e.partition()));
+                }
+                let result = match consumer.rebalance_protocol() {
+                    RebalanceProtocol::Cooperative => consumer.incremental_unassign(tpl),
+                    _ => consumer.unassign(),
+                };
+                if let Err(e) = result {
+                    self.fail(format!("releasing revoked partitions: {e}"));
+                }
+            }
+            other => {
+                let code: RDKafkaErrorCode = other.into();
+                tracing::warn!(error = %code, "rebalance failed; releasing the assignment");
+                if let Err(e) = consumer.unassign() {
+                    self.fail(format!("releasing the assignment after a failed rebalance: {e}"));
+                }
+            }
+        }
+    }
+}
+
+/// Deliveries still owed for the backup in flight.
+#[derive(Clone, Copy, Debug)]
+struct OpenBackup {
+    seq: u64,
+    remaining: usize,
+    failed: bool,
+}
+
+/// What a task's I/O left for the loop: acknowledgements known at once, the
+/// backup in flight, and an error the task cannot go on with.
+#[derive(Default)]
+struct Flight {
+    backup: Option<OpenBackup>,
+    acks: Vec<Ack>,
+    fatal: Option<String>,
+}
+
+impl Flight {
+    fn backup_record_done(&mut self, seq: u64, failed: bool) {
+        let Some(open) = self.backup.as_mut().filter(|b| b.seq == seq) else {
+            return;
+        };
+        open.remaining = open.remaining.saturating_sub(1);
+        open.failed |= failed;
+        if open.remaining == 0 {
+            self.acks.push(if open.failed {
+                Ack::BackupFailed(seq)
+            } else {
+                Ack::BackupWritten(seq)
+            });
+            self.backup = None;
+        }
+    }
+}
+
+/// Sends a record, waiting on the producer's queue when it is full.
+fn send(
+    producer: &BaseProducer<DeliveryReports>,
+    mut record: BaseRecord<'_, [u8], [u8], usize>,
+) -> Result<(), KafkaError> {
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                producer.poll(Duration::from_millis(5));
+                record = back;
+            }
+            Err((error, _)) => return Err(error),
+        }
+    }
+}
+
+/// The Kafka side of one task, handed to its driver for one call.
+struct KafkaIo<'a, O> {
+    producer: &'a BaseProducer<DeliveryReports>,
+    consumer: &'a BaseConsumer<GroupContext>,
+    topics: &'a Topics,
+    partition: i32,
+    flight: &'a mut Flight,
+    key: &'a mut Vec<u8>,
+    value: &'a mut Vec<u8>,
+    operator: PhantomData<O>,
+}
+
+impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
+    fn send_output(&mut self, item_offset: u64, output: O::Output) {
+        O::encode(&output, self.key, self.value);
+        let delivery = Delivery::Output {
+            partition: self.partition,
+            offset: item_offset,
+        };
+        let record = BaseRecord::with_opaque_to(&self.topics.output, delivery.pack())
+            .key(self.key.as_slice())
+            .payload(self.value.as_slice());
+        if let Err(error) = send(self.producer, record) {
+            self.flight.fatal.get_or_insert(format!(
+                "producing an output to {} (input partition {}, offset {item_offset}): {error}",
+                self.topics.output, self.partition
+            ));
+        }
+    }
+
+    fn write_backup(&mut self, seq: u64, entries: &[BackupEntry]) {
+        if entries.is_empty() {
+            self.flight.acks.push(Ack::BackupWritten(seq));
+            return;
+        }
+        self.flight.backup = Some(OpenBackup {
+            seq,
+            remaining: entries.len(),
+            failed: false,
+        });
+        let delivery = Delivery::BackupRecord {
+            partition: self.partition,
+            seq,
+        };
+        for entry in entries {
+            let mut record = BaseRecord::with_opaque_to(&self.topics.changelog, delivery.pack())
+                .partition(self.partition)
+                .key(&entry.key[..]);
+            if let Some(value) = &entry.value {
+                record = record.payload(&value[..]);
+            }
+            if let Err(error) = send(self.producer, record) {
+                tracing::warn!(partition = self.partition, seq, %error, "backup record not sent; the backup is retried");
+                self.flight.backup_record_done(seq, true);
+            }
+        }
+    }
+
+    fn write_marker(&mut self, marker: &BackupMarker) {
+        let entry = marker.to_entry();
+        let delivery = Delivery::Marker {
+            partition: self.partition,
+            seq: marker.seq,
+        };
+        let mut record = BaseRecord::with_opaque_to(&self.topics.changelog, delivery.pack())
+            .partition(self.partition)
+            .key(&entry.key[..]);
+        if let Some(value) = &entry.value {
+            record = record.payload(&value[..]);
+        }
+        if let Err(error) = send(self.producer, record) {
+            tracing::warn!(partition = self.partition, seq = marker.seq, %error, "marker not sent; it is retried");
+            self.flight.acks.push(Ack::MarkerFailed(marker.seq));
+        }
+    }
+
+    fn commit(&mut self, offset: u64) {
+        let mut tpl = TopicPartitionList::new();
+        let stored = tpl
+            .add_partition_offset(&self.topics.input, self.partition, Offset::Offset(offset as i64))
+            .and_then(|()| self.consumer.store_offsets(&tpl));
+        if let Err(error) = stored {
+            tracing::warn!(partition = self.partition, offset, %error, "storing the group's offset");
+        }
+    }
+
+    fn rejected(&mut self, offset: u64, reason: &Rejected) {
+        tracing::warn!(partition = self.partition, offset, %reason, "the operator rejected a record; skipped");
+    }
+}
+
+/// What every task shares: the clients and the topics.
+struct Shared<'a> {
+    producer: &'a BaseProducer<DeliveryReports>,
+    consumer: &'a BaseConsumer<GroupContext>,
+    topics: &'a Topics,
+}
+
+/// Decoded inputs of the current poll batch and their offsets; `taken` of the
+/// `filled` are processed. Reused from batch to batch, so decoding allocates
+/// only while the buffers grow.
+struct InputBatch<O: ServiceOperator> {
+    partition: i32,
+    inputs: Vec<O::Input>,
+    offsets: Vec<u64>,
+    filled: usize,
+    taken: usize,
+    /// The next offset to read.
+    next_offset: u64,
+    undecodable: u64,
+}
+
+impl<O: ServiceOperator> InputBatch<O> {
+    /// Decodes a record into the batch; one that does not decode is counted,
+    /// logged and skipped (its offset still passes).
+    fn accept(&mut self, offset: u64, value: Option<&[u8]>) {
+        if offset < self.next_offset {
+            return; // Already taken (a record fetched before the queue was split).
+        }
+        self.next_offset = offset + 1;
+        if self.filled == self.inputs.len() {
+            self.inputs.push(O::empty_input());
+            self.offsets.push(0);
+        }
+        match O::decode(value.unwrap_or_default(), &mut self.inputs[self.filled]) {
+            Ok(()) => {
+                self.offsets[self.filled] = offset;
+                self.filled += 1;
+            }
+            Err(reason) => {
+                self.undecodable += 1;
+                tracing::warn!(partition = self.partition, offset, %reason, "record does not decode; skipped");
+            }
+        }
+    }
+
+    fn is_drained(&self) -> bool {
+        self.taken == self.filled
+    }
+}
+
+/// One operator on one input partition.
+struct Task<O: ServiceOperator> {
+    partition: i32,
+    driver: TaskDriver<O>,
+    queue: PartitionQueue<GroupContext>,
+    batch: InputBatch<O>,
+    end: u64,
+    flight: Flight,
+    key: Vec<u8>,
+    value: Vec<u8>,
+}
+
+impl<O: ServiceOperator> Task<O> {
+    fn io<'a>(
+        shared: &'a Shared<'a>,
+        partition: i32,
+        flight: &'a mut Flight,
+        key: &'a mut Vec<u8>,
+        value: &'a mut Vec<u8>,
+    ) -> KafkaIo<'a, O> {
+        KafkaIo {
+            producer: shared.producer,
+            consumer: shared.consumer,
+            topics: shared.topics,
+            partition,
+            flight,
+            key,
+            value,
+            operator: PhantomData,
+        }
+    }
+
+    fn start(
+        shared: &Shared<'_>,
+        controller: ControllerConfig,
+        operator_config: &O::Config,
+        assigned: Assigned,
+        queue: PartitionQueue<GroupContext>,
+        now_ms: u64,
+    ) -> Result<Self, ServiceError> {
+        let operator = O::build(operator_config)?;
+        let mut flight = Flight::default();
+        let (mut key, mut value) = (Vec::new(), Vec::new());
+        let mut io = Self::io(shared, assigned.partition, &mut flight, &mut key, &mut value);
+        let (driver, plan) = TaskDriver::recover(
+            controller,
+            operator,
+            &assigned.changelog,
+            assigned.committed,
+            0,
+            now_ms,
+            &mut io,
+        )
+        .map_err(|source| ServiceError::Restore {
+            partition: assigned.partition,
+            source,
+        })?;
+        let thresholds = driver.controller().thresholds();
+        if plan.counted_failure {
+            tracing::warn!(
+                partition = assigned.partition,
+                source = ?plan.source,
+                resume_offset = plan.resume_offset,
+                failures = plan.failures,
+                restored_records = assigned.changelog.records,
+                bound_state = plan.introduced.state,
+                bound_outputs = plan.introduced.outputs,
+                theta = thresholds.theta,
+                l = thresholds.items,
+                gamma = thresholds.outputs,
+                "recovered from a failure",
+            );
+        } else {
+            tracing::info!(
+                partition = assigned.partition,
+                source = ?plan.source,
+                resume_offset = plan.resume_offset,
+                failures = plan.failures,
+                restored_records = assigned.changelog.records,
+                theta = thresholds.theta,
+                l = thresholds.items,
+                gamma = thresholds.outputs,
+                "task started",
+            );
+        }
+        Ok(Task {
+            partition: assigned.partition,
+            driver,
+            queue,
+            batch: InputBatch {
+                partition: assigned.partition,
+                inputs: Vec::new(),
+                offsets: Vec::new(),
+                filled: 0,
+                taken: 0,
+                next_offset: plan.resume_offset,
+                undecodable: 0,
+            },
+            end: assigned.end,
+            flight,
+            key,
+            value,
+        })
+    }
+
+    /// Delivers the acknowledgements the I/O produced itself, until none is left.
+    fn settle(&mut self, shared: &Shared<'_>) -> bool {
+        let mut worked = false;
+        while !self.flight.acks.is_empty() {
+            worked = true;
+            let acks = std::mem::take(&mut self.flight.acks);
+            for ack in acks {
+                self.acknowledge(shared, ack);
+            }
+        }
+        worked
+    }
+
+    fn acknowledge(&mut self, shared: &Shared<'_>, ack: Ack) {
+        let mut io = Self::io(shared, self.partition, &mut self.flight, &mut self.key, &mut self.value);
+        self.driver.acknowledge(ack, &mut io);
+    }
+
+    fn delivered(&mut self, shared: &Shared<'_>, event: DeliveryEvent) {
+        match (event.delivery, event.failure) {
+            (Delivery::Output { offset, .. }, None) => self.acknowledge(
+                shared,
+                Ack::Output {
+                    item_offset: offset,
+                    count: 1,
+                },
+            ),
+            (delivery @ Delivery::Output { offset, .. }, Some(failed)) => {
+                // An output is never given up: send it again, in order of failure.
+                tracing::warn!(partition = self.partition, offset, error = %failed.error, "output not delivered; sending it again");
+                let mut record = BaseRecord::with_opaque_to(&failed.topic, delivery.pack());
+                if let Some(key) = &failed.key {
+                    record = record.key(key.as_slice());
+                }
+                if let Some(value) = &failed.value {
+                    record = record.payload(value.as_slice());
+                }
+                if let Err(error) = send(shared.producer, record) {
+                    self.flight
+                        .fatal
+                        .get_or_insert(format!("sending an output again (input offset {offset}): {error}"));
+                }
+            }
+            (Delivery::BackupRecord { seq, .. }, failure) => {
+                if let Some(failed) = &failure {
+                    tracing::warn!(partition = self.partition, seq, error = %failed.error, "backup record not delivered; the backup is retried");
+                }
+                self.flight.backup_record_done(seq, failure.is_some());
+            }
+            (Delivery::Marker { seq, .. }, None) => self.acknowledge(shared, Ack::MarkerWritten(seq)),
+            (Delivery::Marker { seq, .. }, Some(failed)) => {
+                tracing::warn!(partition = self.partition, seq, error = %failed.error, "marker not delivered; it is retried");
+                self.acknowledge(shared, Ack::MarkerFailed(seq));
+            }
+        }
+        self.settle(shared);
+    }
+
+    /// Takes input until the driver must wait; returns whether anything happened.
+    fn step(&mut self, shared: &Shared<'_>, now_ms: u64, stopping: bool) -> bool {
+        let mut worked = self.settle(shared);
+        if stopping || self.driver.is_stopped() {
+            return worked;
+        }
+        let batch = &mut self.batch;
+        if batch.is_drained() {
+            batch.taken = 0;
+            batch.filled = 0;
+            while batch.filled < POLL_BATCH {
+                match self.queue.poll(Duration::ZERO) {
+                    Some(Ok(message)) => {
+                        let offset = message.offset().max(0) as u64;
+                        batch.accept(offset, message.payload());
+                        worked = true;
+                    }
+                    Some(Err(error)) => {
+                        tracing::warn!(partition = self.partition, %error, "fetching input");
+                        break;
+                    }
+                    None => break,
+                }
+            }
+        }
+        let mut io = Self::io(shared, self.partition, &mut self.flight, &mut self.key, &mut self.value);
+        if !batch.is_drained() {
+            let items = batch.offsets[batch.taken..batch.filled]
+                .iter()
+                .copied()
+                .zip(&batch.inputs[batch.taken..batch.filled]);
+            let taken = self.driver.process(items, now_ms, &mut io);
+            batch.taken += taken;
+            worked |= taken > 0;
+            if !batch.is_drained() {
+                tracing::trace!(partition = self.partition, blocked = ?self.driver.readiness(), "input waits");
+            }
+        }
+        self.driver.tick(now_ms, &mut io);
+        worked | self.settle(shared)
+    }
+
+    fn at_end(&self) -> bool {
+        self.batch.is_drained() && self.batch.next_offset >= self.end
+    }
+
+    fn begin_stop(&mut self, shared: &Shared<'_>) {
+        let mut io = Self::io(shared, self.partition, &mut self.flight, &mut self.key, &mut self.value);
+        self.driver.begin_stop(&mut io);
+        self.settle(shared);
+    }
+}
+
+/// Runs the pipeline until `stop` is set (then stops cleanly) or, with
+/// `stop_at_end`, until every partition is processed to its end.
+pub fn run_pipeline<O: ServiceOperator>(
+    config: &Config,
+    operator_config: &O::Config,
+    stop: &AtomicBool,
+    options: RunOptions,
+) -> Result<(), ServiceError> {
+    let kafka = &config.kafka;
+    let pipeline = &config.pipeline;
+    let topics = Topics {
+        input: pipeline.input_topic.clone(),
+        output: pipeline.output_topic.clone(),
+        changelog: pipeline.changelog_topic(&kafka.group_id),
+    };
+    let probe = O::build(operator_config)?;
+    let partitions =
+        partition_count(kafka, &topics.input)?.ok_or_else(|| KafkaSetupError::MissingTopic(topics.input.clone()))?;
+    if partitions > 1 << 16 {
+        return Err(ServiceError::Unsupported(format!(
+            "input topic {} has {partitions} partitions; afstream handles up to 65536",
+            topics.input
+        )));
+    }
+    ensure_topics(
+        kafka,
+        &[
+            TopicSpec {
+                name: &topics.changelog,
+                partitions,
+                compacted: true,
+            },
+            TopicSpec {
+                name: &topics.output,
+                partitions,
+                compacted: false,
+            },
+        ],
+    )?;
+    let ft = &pipeline.fault_tolerance;
+    let placement = Placement {
+        parallelism: partitions as u32,
+        ..Placement::default()
+    };
+    let policy = ThresholdPolicy::new(
+        ft.global()?,
+        ft.failure_policy(),
+        placement,
+        probe.norm().is_additive(),
+        probe.constants(),
+    )?;
+    let controller = ControllerConfig::new(ft.mode(), policy, probe.constants());
+    let first = policy.for_failures(0);
+    let beta = probe.constants().beta;
+    if first.outputs < 8 * beta {
+        tracing::warn!(
+            gamma = first.outputs,
+            beta,
+            "γ per task is under 8 outputs of one item (β): input will wait for acknowledgements after \
+             nearly every item; raise max_unacked or lower the operator's per-item output limit"
+        );
+    }
+
+    let producer: BaseProducer<DeliveryReports> = client_config(
+        kafka,
+        &[
+            ("enable.idempotence", "true"),
+            ("linger.ms", "5"),
+            ("compression.type", "lz4"),
+        ],
+    )
+    .create_with_context(DeliveryReports::default())?;
+    let context = GroupContext {
+        input_topic: topics.input.clone(),
+        loader: ChangelogLoader::new(kafka, &topics.changelog)?,
+        controller,
+        assigned: Mutex::new(Vec::new()),
+        revoked: Mutex::new(Vec::new()),
+        failure: Mutex::new(None),
+    };
+    // The group's offset follows acknowledged markers: offsets are stored by the
+    // tasks and committed in the background (nothing waits on a commit).
+    let consumer: Arc<BaseConsumer<GroupContext>> = Arc::new(
+        client_config(
+            kafka,
+            &[
+                ("group.id", kafka.group_id.as_str()),
+                ("enable.auto.commit", "true"),
+                ("enable.auto.offset.store", "false"),
+                ("auto.offset.reset", "earliest"),
+                ("session.timeout.ms", "6000"),
+                ("heartbeat.interval.ms", "1500"),
+            ],
+        )
+        .create_with_context(context)?,
+    );
+    consumer.subscribe(&[topics.input.as_str()])?;
+    tracing::info!(
+        input = %topics.input, output = %topics.output, changelog = %topics.changelog,
+        partitions, mode = ?ft.mode(), "joined group {}", kafka.group_id
+    );
+
+    let shared = Shared {
+        producer: &producer,
+        consumer: &consumer,
+        topics: &topics,
+    };
+    let started = Instant::now();
+    let mut tasks: BTreeMap<i32, Task<O>> = BTreeMap::new();
+    let mut events: Vec<DeliveryEvent> = Vec::new();
+    let mut stopping: Option<Instant> = None;
+    let mut worked = true;
+    loop {
+        let now_ms = started.elapsed().as_millis() as u64;
+        let wait = if worked {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(5)
+        };
+        worked = false;
+        let message = consumer.poll(wait);
+        let context = consumer.context();
+        if let Some(failure) = context.failure.lock().ok().and_then(|mut f| f.take()) {
+            return Err(ServiceError::Rebalance(failure));
+        }
+        for partition in context
+            .revoked
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r))
+            .unwrap_or_default()
+        {
+            if tasks.remove(&partition).is_some() {
+                tracing::info!(
+                    partition,
+                    "partition revoked; its next owner restores it from the changelog"
+                );
+            }
+        }
+        for assigned in context
+            .assigned
+            .lock()
+            .map(|mut a| std::mem::take(&mut *a))
+            .unwrap_or_default()
+        {
+            let partition = assigned.partition;
+            let queue = consumer
+                .split_partition_queue(&topics.input, partition)
+                .ok_or_else(|| ServiceError::Unsupported(format!("no queue for input partition {partition}")))?;
+            let task = Task::start(&shared, controller, operator_config, assigned, queue, now_ms)?;
+            tasks.insert(partition, task);
+        }
+        match message {
+            // A record fetched before its partition's queue was split.
+            Some(Ok(message)) => {
+                if let Some(task) = tasks.get_mut(&message.partition()) {
+                    task.batch.accept(message.offset().max(0) as u64, message.payload());
+                }
+                worked = true;
+            }
+            Some(Err(error)) => tracing::warn!(%error, "consumer"),
+            None => {}
+        }
+        for task in tasks.values_mut() {
+            worked |= task.step(&shared, now_ms, stopping.is_some());
+        }
+        producer.poll(Duration::ZERO);
+        producer.context().drain_into(&mut events);
+        for event in events.drain(..) {
+            worked = true;
+            let partition = match event.delivery {
+                Delivery::Output { partition, .. }
+                | Delivery::BackupRecord { partition, .. }
+                | Delivery::Marker { partition, .. } => partition,
+            };
+            if let Some(task) = tasks.get_mut(&partition) {
+                task.delivered(&shared, event);
+            }
+        }
+        if let Some((partition, fatal)) = tasks
+            .iter_mut()
+            .find_map(|(p, t)| t.flight.fatal.take().map(|f| (*p, f)))
+        {
+            return Err(ServiceError::Task {
+                partition,
+                message: fatal,
+            });
+        }
+
+        let at_end = options.stop_at_end && tasks.len() == partitions && tasks.values().all(Task::at_end);
+        if stopping.is_none() && (stop.load(Ordering::Relaxed) || at_end) {
+            tracing::info!(
+                tasks = tasks.len(),
+                "stopping cleanly: final backups, markers and commits"
+            );
+            for task in tasks.values_mut() {
+                task.begin_stop(&shared);
+            }
+            stopping = Some(Instant::now());
+        }
+        if let Some(since) = stopping {
+            if tasks.values().all(|t| t.driver.is_stopped()) {
+                break;
+            }
+            if since.elapsed() > STOP_DEADLINE {
+                let waiting: Vec<i32> = tasks
+                    .values()
+                    .filter(|t| !t.driver.is_stopped())
+                    .map(|t| t.partition)
+                    .collect();
+                return Err(ServiceError::Stop(format!(
+                    "partitions {waiting:?} did not finish their final backup within {STOP_DEADLINE:?}"
+                )));
+            }
+        }
+    }
+    for task in tasks.values() {
+        let stats = task.driver.stats();
+        tracing::info!(
+            partition = task.partition,
+            items = stats.items,
+            outputs = stats.outputs,
+            backups = stats.backups,
+            backup_entries = stats.backup_entries,
+            markers = stats.markers,
+            stalls = stats.stalls,
+            rejected = stats.rejected,
+            undecodable = task.batch.undecodable,
+            "task stopped cleanly"
+        );
+    }
+    match consumer.commit_consumer_state(CommitMode::Sync) {
+        // Nothing stored since the last automatic commit.
+        Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+        Err(e) => return Err(ServiceError::Stop(format!("committing the group's offsets: {e}"))),
+    }
+    producer
+        .flush(REQUEST_TIMEOUT)
+        .map_err(|e| ServiceError::Stop(format!("flushing the producer: {e}")))?;
+    consumer.unsubscribe();
+    Ok(())
+}

@@ -1,0 +1,339 @@
+//! What the broker tests share: a real broker (the project's own, or the one
+//! named by `AFSTREAM_TEST_BOOTSTRAP`), `afstream run` child processes, and
+//! reading topics back. Every wait has a deadline and names what it waited for.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use afstream::service::config::KafkaConfig;
+use afstream::service::kafka::partition_count;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+/// Set to a bootstrap address to run the suite against that cluster instead of
+/// a broker of its own.
+pub const ENV_TEST_BOOTSTRAP: &str = "AFSTREAM_TEST_BOOTSTRAP";
+
+/// A directory of a test's own, emptied first.
+pub fn test_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("afstream-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the test directory");
+    dir
+}
+
+/// A name no earlier run used, so tests against a shared cluster never collide.
+pub fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("{name}-{}-{}", std::process::id(), nanos % 1_000_000_000)
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A broker for one test, stopped when dropped.
+pub struct Broker {
+    pub address: String,
+    dir: Option<PathBuf>,
+}
+
+impl Broker {
+    pub fn start(dir: &Path) -> Broker {
+        if let Ok(address) = std::env::var(ENV_TEST_BOOTSTRAP) {
+            return Broker { address, dir: None };
+        }
+        let dir = dir.join("broker");
+        let output = Command::new("timeout")
+            .arg("180")
+            .arg(repo().join("scripts/broker"))
+            .arg("start")
+            .arg(&dir)
+            .output()
+            .expect("run scripts/broker");
+        assert!(
+            output.status.success(),
+            "scripts/broker start failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let address = String::from_utf8_lossy(&output.stdout).trim().to_string();
+        assert!(!address.is_empty(), "scripts/broker start printed no address");
+        Broker {
+            address,
+            dir: Some(dir),
+        }
+    }
+
+    pub fn kafka(&self) -> KafkaConfig {
+        KafkaConfig {
+            bootstrap_servers: self.address.clone(),
+            group_id: String::new(),
+            properties: [("fetch.wait.max.ms".to_string(), "10".to_string())].into(),
+            replication_factor: 1,
+        }
+    }
+
+    fn client(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", &self.address);
+        config.set("fetch.wait.max.ms", "10");
+        config
+    }
+
+    /// Every record of `topic` up to the end it has now, per partition in order.
+    pub fn read_topic(&self, topic: &str) -> Vec<Record> {
+        let partitions = partition_count(&self.kafka(), topic)
+            .expect("read the topic's metadata")
+            .unwrap_or_else(|| panic!("topic {topic} does not exist"));
+        let consumer: BaseConsumer = self
+            .client()
+            .set("group.id", unique("reader"))
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("create a reader");
+        let mut records = Vec::new();
+        for partition in 0..partitions as i32 {
+            let (low, high) = consumer
+                .fetch_watermarks(topic, partition, Duration::from_secs(10))
+                .expect("read the watermarks");
+            if low >= high {
+                continue;
+            }
+            let mut assignment = TopicPartitionList::new();
+            assignment
+                .add_partition_offset(topic, partition, Offset::Offset(low))
+                .expect("assignment");
+            consumer.assign(&assignment).expect("assign");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                assert!(
+                    Instant::now() < deadline,
+                    "reading {topic}[{partition}] up to offset {high}: not there within 60 s"
+                );
+                match consumer.poll(Duration::from_millis(100)) {
+                    Some(Ok(m)) => {
+                        records.push(Record {
+                            partition,
+                            offset: m.offset(),
+                            key: m.key().map(<[u8]>::to_vec),
+                            value: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                        });
+                        if m.offset() >= high - 1 {
+                            break;
+                        }
+                    }
+                    Some(Err(KafkaError::PartitionEOF(_))) | None => {}
+                    Some(Err(e)) => panic!("reading {topic}[{partition}]: {e}"),
+                }
+            }
+        }
+        records
+    }
+
+    /// Records in `topic` now, over all partitions.
+    pub fn record_count(&self, topic: &str) -> i64 {
+        let consumer: BaseConsumer = self.client().create().expect("create a client");
+        let partitions = partition_count(&self.kafka(), topic)
+            .expect("read the topic's metadata")
+            .unwrap_or(0);
+        (0..partitions as i32)
+            .map(|p| {
+                consumer
+                    .fetch_watermarks(topic, p, Duration::from_secs(10))
+                    .map(|(low, high)| high - low)
+                    .unwrap_or(0)
+            })
+            .sum()
+    }
+
+    /// Commits `offset` for `group` on a partition, as an earlier run would have.
+    pub fn commit(&self, group: &str, topic: &str, partition: i32, offset: i64) {
+        let consumer: BaseConsumer = self
+            .client()
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("create a committer");
+        let mut offsets = TopicPartitionList::new();
+        offsets
+            .add_partition_offset(topic, partition, Offset::Offset(offset))
+            .expect("offsets");
+        consumer.commit(&offsets, CommitMode::Sync).expect("commit an offset");
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.dir {
+            let _ = Command::new("timeout")
+                .arg("60")
+                .arg(repo().join("scripts/broker"))
+                .arg("stop")
+                .arg(dir)
+                .status();
+            // A passing test leaves nothing behind; a failing one keeps its logs.
+            if !std::thread::panicking() {
+                if let Some(test_dir) = dir.parent() {
+                    let _ = std::fs::remove_dir_all(test_dir);
+                }
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+}
+
+/// The last value of every key (what a compacted output topic keeps).
+pub fn latest_by_key(records: &[Record]) -> HashMap<String, String> {
+    records
+        .iter()
+        .filter_map(|r| {
+            let key = String::from_utf8_lossy(r.key.as_deref()?).into_owned();
+            Some((key, String::from_utf8_lossy(&r.value).into_owned()))
+        })
+        .collect()
+}
+
+/// An `afstream run` child process, killed if the test ends early.
+pub struct Service {
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Service {
+    pub fn start(config: &Path, log: &Path, stop_at_end: bool) -> Service {
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("open the service log");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_afstream"));
+        command
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file);
+        if stop_at_end {
+            command.arg("--stop-at-end");
+        }
+        let child = command.spawn().expect("start afstream run");
+        Service {
+            child: Some(child),
+            log: log.to_path_buf(),
+        }
+    }
+
+    fn child(&mut self) -> &mut Child {
+        self.child.as_mut().expect("the service runs")
+    }
+
+    /// SIGKILL: no clean stop at all.
+    pub fn kill(mut self) {
+        let child = self.child();
+        child.kill().expect("SIGKILL the service");
+        let _ = child.wait();
+        self.child = None;
+    }
+
+    /// SIGTERM, then waits for the clean stop to finish.
+    pub fn terminate(mut self, within: Duration) -> ExitStatus {
+        let pid = self.child().id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("run kill");
+        assert!(sent.success(), "SIGTERM to afstream run {pid}");
+        self.wait(within, "a clean stop after SIGTERM")
+    }
+
+    /// Waits for the process to exit by itself.
+    pub fn wait(&mut self, within: Duration, what: &str) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child().try_wait().expect("poll the service") {
+                self.child = None;
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child().kill();
+                let _ = self.child().wait();
+                self.child = None;
+                panic!(
+                    "afstream run: {what} did not happen within {within:?}; log:\n{}",
+                    tail(&self.log)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until `ready()` holds while the service runs.
+    pub fn wait_until(&mut self, within: Duration, what: &str, mut ready: impl FnMut() -> bool) {
+        let deadline = Instant::now() + within;
+        while !ready() {
+            if let Some(status) = self.child().try_wait().expect("poll the service") {
+                self.child = None;
+                panic!(
+                    "afstream run exited ({status}) while waiting for {what}; log:\n{}",
+                    tail(&self.log)
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within {within:?}; log:\n{}",
+                tail(&self.log)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The last lines of a log, for failure messages.
+pub fn tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// Log lines of the service that contain `needle`.
+pub fn log_lines(log: &Path, needle: &str) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A numeric field `name=value` of a log line.
+pub fn log_field(line: &str, name: &str) -> Option<f64> {
+    let start = line.find(&format!(" {name}="))? + name.len() + 2;
+    line[start..].split_whitespace().next()?.parse().ok()
+}

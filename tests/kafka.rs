@@ -1,0 +1,348 @@
+//! `afstream run` on a real Kafka-protocol broker: the project's own (Tansu,
+//! started by `scripts/broker`) or the cluster named by `AFSTREAM_TEST_BOOTSTRAP`.
+//! Each test uses its own topics and group; failures are real SIGKILLs and
+//! SIGTERMs of a child process.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use afstream::core::{AnalysisConstants, FailurePolicy, GlobalThresholds, Operator, Placement, ThresholdPolicy};
+use afstream::operators::{HeavyHitterConfig, HeavyHitters, HitterThreshold, WordCount, WordCountConfig};
+use afstream::service::produce::{produce, text_records, InputRecord};
+use common::{latest_by_key, log_field, log_lines, test_dir, unique, Broker, Service};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+const RUN_DEADLINE: Duration = Duration::from_secs(180);
+const MAX_WORDS: u64 = 16;
+
+struct Pipeline {
+    dir: PathBuf,
+    group: String,
+    input: String,
+    output: String,
+    config: PathBuf,
+}
+
+/// Writes a config for one pipeline; `operator` is the `[pipeline.operator]` body.
+fn pipeline(
+    dir: &Path,
+    broker: &Broker,
+    name: &str,
+    format: &str,
+    operator: &str,
+    thresholds: (f64, u64, u64),
+) -> Pipeline {
+    let group = unique(name);
+    let input = format!("{group}-in");
+    let output = format!("{group}-out");
+    let (theta, items, outputs) = thresholds;
+    let text = format!(
+        r#"
+[kafka]
+bootstrap_servers = "{address}"
+group_id = "{group}"
+properties = {{ "fetch.wait.max.ms" = "10" }}
+
+[pipeline]
+input_topic = "{input}"
+output_topic = "{output}"
+format = "{format}"
+
+[pipeline.operator]
+{operator}
+
+[pipeline.fault_tolerance]
+mode = "approximate"
+theta = {theta:?}
+max_uncovered = {items}
+max_unacked = {outputs}
+"#,
+        address = broker.address
+    );
+    let config = dir.join(format!("{name}.toml"));
+    std::fs::write(&config, text).expect("write the config");
+    Pipeline {
+        dir: dir.to_path_buf(),
+        group,
+        input,
+        output,
+        config,
+    }
+}
+
+fn word_count_operator() -> String {
+    format!("kind = \"word_count\"\nmax_words_per_line = {MAX_WORDS}")
+}
+
+/// What the core library computes from the same lines.
+fn exact_word_counts(lines: &[InputRecord]) -> HashMap<String, f64> {
+    let mut op = WordCount::new(WordCountConfig {
+        max_words_per_line: MAX_WORDS,
+        ..WordCountConfig::default()
+    })
+    .expect("word count");
+    let mut outputs = Vec::new();
+    for line in lines {
+        let text = String::from_utf8(line.value.clone()).expect("text");
+        op.process(&text, &mut outputs).expect("line");
+    }
+    op.iter().map(|(word, count)| (word.clone(), count)).collect()
+}
+
+fn output_counts(broker: &Broker, topic: &str) -> HashMap<String, f64> {
+    latest_by_key(&broker.read_topic(topic))
+        .into_iter()
+        .map(|(word, count)| {
+            let count = count
+                .parse()
+                .unwrap_or_else(|_| panic!("count of {word:?} is {count:?}"));
+            (word, count)
+        })
+        .collect()
+}
+
+fn run_to_end(pipeline: &Pipeline, log: &str) -> Service {
+    let mut service = Service::start(&pipeline.config, &pipeline.dir.join(log), true);
+    let status = service.wait(RUN_DEADLINE, "processing the input to its end");
+    assert!(
+        status.success(),
+        "afstream run failed ({status}); log:\n{}",
+        common::tail(&service.log)
+    );
+    service
+}
+
+#[test]
+fn word_count_without_failures_matches_the_core_library() {
+    let dir = test_dir("wc-clean");
+    let broker = Broker::start(&dir);
+    let p = pipeline(
+        &dir,
+        &broker,
+        "wc-clean",
+        "text",
+        &word_count_operator(),
+        (1000.0, 1000, 1000),
+    );
+    let lines = text_records(4000, 7);
+    produce(&broker.kafka(), &p.input, 1, &lines).expect("produce the lines");
+
+    let service = run_to_end(&p, "run.log");
+
+    let counts = output_counts(&broker, &p.output);
+    let exact = exact_word_counts(&lines);
+    assert_eq!(counts.len(), exact.len(), "every word has an output");
+    for (word, count) in &exact {
+        assert_eq!(counts.get(word), Some(count), "final count of {word:?}");
+    }
+    assert!(log_lines(&service.log, "recovered from a failure").is_empty());
+}
+
+/// Kills the service with SIGKILL once the output holds `at` more records.
+fn kill_after_outputs(broker: &Broker, p: &Pipeline, log: &str, at: i64) {
+    let mut service = Service::start(&p.config, &p.dir.join(log), false);
+    service.wait_until(RUN_DEADLINE, &format!("{at} records in {}", p.output), || {
+        broker.record_count(&p.output) >= at
+    });
+    service.kill();
+}
+
+/// The bound the harness computes itself: `kills` failures under the halving
+/// policy with these thresholds (a failure is counted at most once per kill).
+fn independent_bound(
+    thresholds: (f64, u64, u64),
+    constants: AnalysisConstants,
+    additive: bool,
+    partitions: u32,
+    kills: u32,
+) -> f64 {
+    let global = GlobalThresholds::new(thresholds.0, thresholds.1, thresholds.2).expect("thresholds");
+    let placement = Placement {
+        parallelism: partitions,
+        ..Placement::default()
+    };
+    let policy = ThresholdPolicy::new(global, FailurePolicy::Halving, placement, additive, constants).expect("policy");
+    policy.bound_after(kills, constants).state
+}
+
+#[test]
+fn word_count_survives_three_sigkills_within_the_bound() {
+    let dir = test_dir("wc-kill");
+    let broker = Broker::start(&dir);
+    let thresholds = (400.0, 400, 1000);
+    let p = pipeline(&dir, &broker, "wc-kill", "text", &word_count_operator(), thresholds);
+    let lines = text_records(20_000, 11);
+    produce(&broker.kafka(), &p.input, 1, &lines).expect("produce the lines");
+    let exact = exact_word_counts(&lines);
+    let total_outputs: f64 = exact.values().sum();
+
+    let mut rng = StdRng::seed_from_u64(3);
+    let mut points: Vec<i64> = (0..3)
+        .map(|_| (total_outputs * rng.gen_range(0.1..0.8)) as i64)
+        .collect();
+    points.sort_unstable();
+    for (i, at) in points.iter().enumerate() {
+        kill_after_outputs(&broker, &p, &format!("run{i}.log"), *at);
+    }
+    let service = run_to_end(&p, "final.log");
+
+    let counts = output_counts(&broker, &p.output);
+    let error: f64 = exact
+        .iter()
+        .map(|(word, count)| (counts.get(word).copied().unwrap_or(0.0) - count).abs())
+        .sum();
+    let op = WordCount::new(WordCountConfig {
+        max_words_per_line: MAX_WORDS,
+        ..WordCountConfig::default()
+    })
+    .expect("word count");
+    let bound = independent_bound(thresholds, op.constants(), op.norm().is_additive(), 1, 3);
+    assert!(error <= bound, "L1 error {error} over the bound {bound} of 3 failures");
+
+    let mut recoveries = Vec::new();
+    for log in ["run1.log", "run2.log", "final.log"] {
+        recoveries.extend(log_lines(&dir.join(log), "recovered from a failure"));
+    }
+    assert!(!recoveries.is_empty(), "no restart recovered from a failure");
+    let logged: f64 = recoveries
+        .iter()
+        .map(|line| log_field(line, "bound_state").unwrap_or_else(|| panic!("no bound in {line}")))
+        .sum();
+    assert!(
+        error <= logged + 1e-9,
+        "L1 error {error} over the logged bounds {logged}"
+    );
+    assert!(log_lines(&service.log, "task stopped cleanly").len() == 1);
+}
+
+#[test]
+fn heavy_hitters_survive_two_sigkills_with_perfect_precision_and_recall() {
+    let dir = test_dir("hh-kill");
+    let broker = Broker::start(&dir);
+    let threshold = 1e6;
+    let operator = format!("kind = \"heavy_hitters\"\nmax_weight = 1500\nthreshold = {{ bytes = {threshold:?} }}");
+    let thresholds = (1e5, 100, 1000);
+    let p = pipeline(&dir, &broker, "hh-kill", "json", &operator, thresholds);
+    // 20 heavy flows of 2.1 MB and 100 light ones of 150 kB, shuffled: a clear gap
+    // around the 1 MB threshold, wider than the bound of two failures.
+    let mut packets = Vec::new();
+    for flow in 0..120u32 {
+        let count = if flow < 20 { 1400 } else { 100 };
+        for _ in 0..count {
+            packets.push(format!("flow-{flow}"));
+        }
+    }
+    packets.shuffle(&mut StdRng::seed_from_u64(5));
+    let records: Vec<InputRecord> = packets
+        .iter()
+        .map(|flow| InputRecord {
+            key: Some(flow.clone().into_bytes()),
+            value: format!(r#"{{"flow":"{flow}","bytes":1500}}"#).into_bytes(),
+        })
+        .collect();
+    produce(&broker.kafka(), &p.input, 2, &records).expect("produce the packets");
+    let op = HeavyHitters::new(HeavyHitterConfig {
+        max_weight: 1500,
+        threshold: HitterThreshold::Bytes(threshold),
+        ..HeavyHitterConfig::default()
+    })
+    .expect("heavy hitters");
+    let bound = independent_bound(thresholds, op.constants(), op.norm().is_additive(), 2, 2);
+    assert!(bound < 8.5e5, "the test's gap must exceed the bound ({bound})");
+
+    for (i, at) in [5, 12].iter().enumerate() {
+        kill_after_outputs(&broker, &p, &format!("run{i}.log"), *at);
+    }
+    run_to_end(&p, "final.log");
+
+    let detected: HashSet<String> = broker
+        .read_topic(&p.output)
+        .iter()
+        .filter_map(|r| Some(String::from_utf8_lossy(r.key.as_deref()?).into_owned()))
+        .collect();
+    let truth: HashSet<String> = (0..20).map(|f| format!("flow-{f}")).collect();
+    let false_positives: Vec<_> = detected.difference(&truth).collect();
+    let missed: Vec<_> = truth.difference(&detected).collect();
+    assert!(false_positives.is_empty(), "precision below 1: {false_positives:?}");
+    assert!(missed.is_empty(), "recall below 1: {missed:?}");
+}
+
+#[test]
+fn sigterm_then_restart_gives_the_output_of_an_uninterrupted_run() {
+    let dir = test_dir("wc-term");
+    let broker = Broker::start(&dir);
+    let lines = text_records(10_000, 13);
+    let thresholds = (1000.0, 1000, 1000);
+    let straight = pipeline(&dir, &broker, "wc-straight", "text", &word_count_operator(), thresholds);
+    produce(&broker.kafka(), &straight.input, 1, &lines).expect("produce the lines");
+    run_to_end(&straight, "straight.log");
+    let expected = broker.read_topic(&straight.output);
+
+    let stopped = pipeline(&dir, &broker, "wc-stopped", "text", &word_count_operator(), thresholds);
+    produce(&broker.kafka(), &stopped.input, 1, &lines).expect("produce the lines");
+    let mut service = Service::start(&stopped.config, &dir.join("first.log"), false);
+    let at = expected.len() as i64 / 3;
+    service.wait_until(RUN_DEADLINE, &format!("{at} outputs before SIGTERM"), || {
+        broker.record_count(&stopped.output) >= at
+    });
+    let status = service.terminate(Duration::from_secs(60));
+    assert!(status.success(), "clean stop failed ({status})");
+    assert!(
+        broker.record_count(&stopped.output) < expected.len() as i64,
+        "the stop came after the whole input: nothing left to resume"
+    );
+    let restarted = run_to_end(&stopped, "second.log");
+
+    let got = broker.read_topic(&stopped.output);
+    let pairs = |records: &[common::Record]| -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
+        records.iter().map(|r| (r.key.clone(), r.value.clone())).collect()
+    };
+    assert_eq!(
+        pairs(&got),
+        pairs(&expected),
+        "output differs from an uninterrupted run"
+    );
+    for log in [dir.join("first.log"), restarted.log.clone()] {
+        assert!(
+            log_lines(&log, "recovered from a failure").is_empty(),
+            "a clean stop counted as a failure"
+        );
+    }
+}
+
+#[test]
+fn a_restart_inside_a_produced_batch_gets_every_record_after_it() {
+    let dir = test_dir("wc-mid-batch");
+    let broker = Broker::start(&dir);
+    let p = pipeline(
+        &dir,
+        &broker,
+        "wc-mid-batch",
+        "text",
+        &word_count_operator(),
+        (1000.0, 1000, 1000),
+    );
+    // Few, large batches: any resume offset falls inside one.
+    let mut kafka = broker.kafka();
+    kafka.properties.insert("linger.ms".into(), "500".into());
+    kafka.properties.insert("batch.num.messages".into(), "100000".into());
+    kafka.properties.insert("batch.size".into(), "10000000".into());
+    let lines = text_records(5000, 17);
+    produce(&kafka, &p.input, 1, &lines).expect("produce the lines");
+    // An earlier run of the group got to offset 1234 (no changelog yet).
+    broker.commit(&p.group, &p.input, 0, 1234);
+
+    run_to_end(&p, "run.log");
+
+    let counts = output_counts(&broker, &p.output);
+    let exact = exact_word_counts(&lines[1234..]);
+    assert_eq!(counts.len(), exact.len(), "every word after offset 1234 has an output");
+    for (word, count) in &exact {
+        assert_eq!(counts.get(word), Some(count), "count of {word:?} from offset 1234");
+    }
+}
