@@ -38,6 +38,39 @@ enum Command {
     Run(RunArgs),
     /// Produce a seeded synthetic workload into a topic (created when missing).
     Produce(ProduceArgs),
+    /// The whole story on a real broker: packets in, a heavy-hitter pipeline
+    /// killed with SIGKILL and restarted, the answer against the exact one and
+    /// each partition's error against its bound.
+    Demo(DemoArgs),
+}
+
+#[derive(clap::Args)]
+struct DemoArgs {
+    #[arg(long, env = "AFSTREAM_BOOTSTRAP_SERVERS")]
+    bootstrap_servers: String,
+    #[arg(long, default_value_t = 60_000)]
+    packets: usize,
+    #[arg(long, default_value_t = 2)]
+    partitions: usize,
+    /// SIGKILLs, at seeded random points of the progress.
+    #[arg(long, default_value_t = 2)]
+    failures: usize,
+    #[arg(long, default_value_t = 1e5)]
+    theta: f64,
+    /// L: items past the last backup marker.
+    #[arg(long, default_value_t = 1000)]
+    max_uncovered: u64,
+    /// Γ: unacknowledged outputs.
+    #[arg(long, default_value_t = 1000)]
+    max_unacked: u64,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Where the config and the runs' logs go.
+    #[arg(long, default_value = "afstream-demo")]
+    dir: std::path::PathBuf,
+    /// librdkafka properties (KEY=VALUE), repeatable.
+    #[arg(long = "property", value_parser = parse_property)]
+    properties: Vec<(String, String)>,
 }
 
 #[derive(clap::Args)]
@@ -151,6 +184,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => run_simulation(&args),
         Command::Run(args) => run_service(&args),
         Command::Produce(args) => produce(&args),
+        Command::Demo(args) => demo(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -191,6 +225,26 @@ fn produce(args: &ProduceArgs) -> Result<(), Box<dyn std::error::Error>> {
     service::produce::produce(&kafka, &args.topic, args.partitions, &records).map_err(|e| e.to_string())?;
     eprintln!("produced {} records to {}", records.len(), args.topic);
     Ok(())
+}
+
+fn demo(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let options = service::demo::DemoOptions {
+        kafka: service::config::KafkaConfig {
+            bootstrap_servers: args.bootstrap_servers.clone(),
+            group_id: "afstream-demo".into(),
+            properties: args.properties.iter().cloned().collect(),
+            replication_factor: 1,
+        },
+        packets: args.packets,
+        partitions: args.partitions,
+        failures: args.failures,
+        seed: args.seed,
+        dir: args.dir.clone(),
+        theta: args.theta,
+        max_uncovered: args.max_uncovered,
+        max_unacked: args.max_unacked,
+    };
+    Ok(service::demo::run_demo(&options, &mut std::io::stdout())?)
 }
 
 fn controller_config(op: &impl Operator, args: &SimulateArgs, theta: f64) -> Result<ControllerConfig, CoreError> {

@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use afstream::core::{AnalysisConstants, FailurePolicy, GlobalThresholds, Operator, Placement, ThresholdPolicy};
 use afstream::operators::{HeavyHitterConfig, HeavyHitters, HitterThreshold, WordCount, WordCountConfig};
+use afstream::service::demo::logged_recoveries;
 use afstream::service::produce::{produce, text_records, InputRecord};
-use common::{latest_by_key, log_field, log_lines, test_dir, unique, Broker, Service};
+use common::{latest_by_key, log_lines, test_dir, unique, Broker, Service};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -206,13 +207,17 @@ fn word_count_survives_three_sigkills_within_the_bound() {
 
     let mut recoveries = Vec::new();
     for log in ["run1.log", "run2.log", "final.log"] {
-        recoveries.extend(log_lines(&dir.join(log), "recovered from a failure"));
+        let lines = log_lines(&dir.join(log), "recovered from a failure");
+        let parsed = logged_recoveries(&lines.join("\n"));
+        assert_eq!(
+            parsed.len(),
+            lines.len(),
+            "a recovery logged without its bound: {lines:?}"
+        );
+        recoveries.extend(parsed);
     }
     assert!(!recoveries.is_empty(), "no restart recovered from a failure");
-    let logged: f64 = recoveries
-        .iter()
-        .map(|line| log_field(line, "bound_state").unwrap_or_else(|| panic!("no bound in {line}")))
-        .sum();
+    let logged: f64 = recoveries.iter().map(|r| r.bound_state).sum();
     assert!(
         error <= logged + 1e-9,
         "L1 error {error} over the logged bounds {logged}"

@@ -9,12 +9,12 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::Message;
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::{DeliveryResult, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use super::config::KafkaConfig;
-use crate::core::{BackupEntry, ChangelogReader, ChangelogState, EntryBytes};
+use crate::core::{BackupEntry, BackupMarker, ChangelogReader, ChangelogState, EntryBytes};
 
 /// How long one broker request may take before it is reported.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -132,17 +132,16 @@ pub fn ensure_topics(kafka: &KafkaConfig, topics: &[TopicSpec<'_>]) -> Result<()
     Ok(())
 }
 
-/// Reads changelog partitions from their beginning to their end.
-pub struct ChangelogLoader {
+/// Reads partitions by assignment, from an offset to an end, with a deadline on
+/// progress. It never subscribes, so it never joins a group, and commits nothing.
+pub struct TopicReader {
     consumer: BaseConsumer,
-    topic: String,
 }
 
-impl ChangelogLoader {
-    pub fn new(kafka: &KafkaConfig, topic: &str) -> Result<Self, KafkaSetupError> {
-        // librdkafka assigns only with a group id; this client never subscribes,
-        // so it never joins that group, and it commits nothing.
-        let group = format!("{}-changelog-reader", kafka.group_id);
+impl TopicReader {
+    pub fn new(kafka: &KafkaConfig, purpose: &str) -> Result<Self, KafkaSetupError> {
+        // librdkafka assigns only with a group id; this one is never joined.
+        let group = format!("{}-{purpose}", kafka.group_id);
         let consumer: BaseConsumer = client_config(
             kafka,
             &[
@@ -152,8 +151,77 @@ impl ChangelogLoader {
             ],
         )
         .create()?;
+        Ok(TopicReader { consumer })
+    }
+
+    /// (low, high) watermarks.
+    pub fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), KafkaError> {
+        self.consumer.fetch_watermarks(topic, partition, REQUEST_TIMEOUT)
+    }
+
+    /// Hands every record in `[from, high)` to `take`, in order; fails after 30 s
+    /// without a record before the end.
+    pub fn read(
+        &self,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        high: i64,
+        mut take: impl FnMut(&BorrowedMessage<'_>),
+    ) -> Result<(), String> {
+        if from >= high {
+            return Ok(());
+        }
+        let mut assignment = TopicPartitionList::new();
+        assignment
+            .add_partition_offset(topic, partition, Offset::Offset(from))
+            .map_err(|e| e.to_string())?;
+        self.consumer.assign(&assignment).map_err(|e| e.to_string())?;
+        let mut last_progress = Instant::now();
+        loop {
+            match self.consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(message)) => {
+                    last_progress = Instant::now();
+                    take(&message);
+                    if message.offset() >= high - 1 {
+                        break;
+                    }
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) => break,
+                Some(Err(e)) => tracing::warn!(topic, partition, error = %e, "reading; retrying"),
+                None => {}
+            }
+            if last_progress.elapsed() > REQUEST_TIMEOUT * 3 {
+                return Err(format!("no record for 30 s before offset {high}"));
+            }
+        }
+        self.consumer.unassign().map_err(|e| e.to_string())
+    }
+
+    /// Every record the partition holds now.
+    pub fn read_all(&self, topic: &str, partition: i32, take: impl FnMut(&BorrowedMessage<'_>)) -> Result<(), String> {
+        let (low, high) = self.watermarks(topic, partition).map_err(|e| e.to_string())?;
+        self.read(topic, partition, low, high, take)
+    }
+}
+
+fn entry_of(message: &BorrowedMessage<'_>) -> BackupEntry {
+    BackupEntry {
+        key: EntryBytes::from_slice(message.key().unwrap_or_default()),
+        value: message.payload().map(EntryBytes::from_slice),
+    }
+}
+
+/// Reads a changelog topic's partitions.
+pub struct ChangelogLoader {
+    reader: TopicReader,
+    topic: String,
+}
+
+impl ChangelogLoader {
+    pub fn new(kafka: &KafkaConfig, topic: &str) -> Result<Self, KafkaSetupError> {
         Ok(ChangelogLoader {
-            consumer,
+            reader: TopicReader::new(kafka, "changelog-reader")?,
             topic: topic.to_string(),
         })
     }
@@ -168,45 +236,42 @@ impl ChangelogLoader {
 
     /// The latest record per key and the last marker of a partition.
     pub fn load(&self, partition: i32) -> Result<ChangelogState, KafkaSetupError> {
-        let (low, high) = self
-            .consumer
-            .fetch_watermarks(&self.topic, partition, REQUEST_TIMEOUT)
-            .map_err(|e| self.error(partition, e))?;
         let mut reader = ChangelogReader::new();
-        if low < high {
-            let mut assignment = TopicPartitionList::new();
-            assignment
-                .add_partition_offset(&self.topic, partition, Offset::Offset(low))
-                .map_err(|e| self.error(partition, e))?;
-            self.consumer
-                .assign(&assignment)
-                .map_err(|e| self.error(partition, e))?;
-            let mut last_progress = Instant::now();
-            loop {
-                match self.consumer.poll(Duration::from_millis(100)) {
-                    Some(Ok(message)) => {
-                        last_progress = Instant::now();
-                        reader.push(BackupEntry {
-                            key: EntryBytes::from_slice(message.key().unwrap_or_default()),
-                            value: message.payload().map(EntryBytes::from_slice),
-                        });
-                        if message.offset() >= high - 1 {
-                            break;
-                        }
-                    }
-                    Some(Err(KafkaError::PartitionEOF(_))) => break,
-                    Some(Err(e)) => {
-                        tracing::warn!(topic = %self.topic, partition, error = %e, "changelog read; retrying")
-                    }
-                    None => {}
-                }
-                if last_progress.elapsed() > REQUEST_TIMEOUT * 3 {
-                    return Err(self.error(partition, "no record for 30 s before the end of the partition"));
-                }
-            }
-            self.consumer.unassign().map_err(|e| self.error(partition, e))?;
-        }
+        self.reader
+            .read_all(&self.topic, partition, |message| reader.push(entry_of(message)))
+            .map_err(|e| self.error(partition, e))?;
         reader.finish().map_err(|e| self.error(partition, e))
+    }
+
+    /// The partition's last marker (how far its task got), read from the end
+    /// backwards in growing windows.
+    pub fn last_marker(&self, partition: i32) -> Result<Option<BackupMarker>, KafkaSetupError> {
+        let (low, high) = self
+            .reader
+            .watermarks(&self.topic, partition)
+            .map_err(|e| self.error(partition, e))?;
+        let mut window: i64 = 64;
+        loop {
+            let from = high.saturating_sub(window).max(low);
+            let mut last = None;
+            self.reader
+                .read(&self.topic, partition, from, high, |message| {
+                    let entry = entry_of(message);
+                    if BackupMarker::is_marker(&entry) {
+                        last = Some(entry);
+                    }
+                })
+                .map_err(|e| self.error(partition, e))?;
+            if let Some(entry) = last {
+                return BackupMarker::from_entry(&entry)
+                    .map(Some)
+                    .map_err(|e| self.error(partition, e));
+            }
+            if from <= low {
+                return Ok(None);
+            }
+            window = window.saturating_mul(4);
+        }
     }
 }
 

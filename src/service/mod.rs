@@ -1,6 +1,7 @@
 //! The Kafka service: `afstream run`.
 //!
 //! * [`config`]: the TOML config file;
+//! * [`demo`]: `afstream demo`, the whole story on a real broker;
 //! * [`codec`]: records to operator inputs, outputs to records;
 //! * [`kafka`]: clients, topics, changelog reading, delivery reports;
 //! * [`produce`]: seeded workloads into an input topic;
@@ -8,6 +9,7 @@
 
 pub mod codec;
 pub mod config;
+pub mod demo;
 pub mod kafka;
 pub mod produce;
 pub mod runner;
@@ -42,6 +44,8 @@ pub enum ServiceError {
     Unsupported(String),
     #[error("producing: {0}")]
     Produce(String),
+    #[error("demo: {0}")]
+    Demo(String),
 }
 
 /// Runs the configured pipeline until `stop` is set (or its input ends, with

@@ -10,10 +10,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use afstream::service::config::KafkaConfig;
-use afstream::service::kafka::partition_count;
+use afstream::service::kafka::{partition_count, TopicReader};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -96,47 +95,21 @@ impl Broker {
         let partitions = partition_count(&self.kafka(), topic)
             .expect("read the topic's metadata")
             .unwrap_or_else(|| panic!("topic {topic} does not exist"));
-        let consumer: BaseConsumer = self
-            .client()
-            .set("group.id", unique("reader"))
-            .set("enable.auto.commit", "false")
-            .create()
-            .expect("create a reader");
+        let mut kafka = self.kafka();
+        kafka.group_id = unique("reader");
+        let reader = TopicReader::new(&kafka, "test").expect("create a reader");
         let mut records = Vec::new();
         for partition in 0..partitions as i32 {
-            let (low, high) = consumer
-                .fetch_watermarks(topic, partition, Duration::from_secs(10))
-                .expect("read the watermarks");
-            if low >= high {
-                continue;
-            }
-            let mut assignment = TopicPartitionList::new();
-            assignment
-                .add_partition_offset(topic, partition, Offset::Offset(low))
-                .expect("assignment");
-            consumer.assign(&assignment).expect("assign");
-            let deadline = Instant::now() + Duration::from_secs(60);
-            loop {
-                assert!(
-                    Instant::now() < deadline,
-                    "reading {topic}[{partition}] up to offset {high}: not there within 60 s"
-                );
-                match consumer.poll(Duration::from_millis(100)) {
-                    Some(Ok(m)) => {
-                        records.push(Record {
-                            partition,
-                            offset: m.offset(),
-                            key: m.key().map(<[u8]>::to_vec),
-                            value: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
-                        });
-                        if m.offset() >= high - 1 {
-                            break;
-                        }
-                    }
-                    Some(Err(KafkaError::PartitionEOF(_))) | None => {}
-                    Some(Err(e)) => panic!("reading {topic}[{partition}]: {e}"),
-                }
-            }
+            reader
+                .read_all(topic, partition, |m| {
+                    records.push(Record {
+                        partition,
+                        offset: m.offset(),
+                        key: m.key().map(<[u8]>::to_vec),
+                        value: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                    })
+                })
+                .unwrap_or_else(|e| panic!("reading {topic}[{partition}]: {e}"));
         }
         records
     }
@@ -330,10 +303,4 @@ pub fn log_lines(log: &Path, needle: &str) -> Vec<String> {
         .filter(|l| l.contains(needle))
         .map(str::to_string)
         .collect()
-}
-
-/// A numeric field `name=value` of a log line.
-pub fn log_field(line: &str, name: &str) -> Option<f64> {
-    let start = line.find(&format!(" {name}="))? + name.len() + 2;
-    line[start..].split_whitespace().next()?.parse().ok()
 }

@@ -1,0 +1,476 @@
+//! `afstream demo`: the whole story on a real broker in one command. Seeded
+//! Zipf packets go into an input topic; a heavy-hitter pipeline (`afstream run`,
+//! a child process) is killed with SIGKILL at seeded points of its progress and
+//! started again; the last run processes the input to its end and stops
+//! cleanly. Then the answer is checked against the exact one, and each
+//! partition's final state (read back from its changelog) against a
+//! failure-free run over the same records, beside the bound of its failures.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::codec::ServiceOperator;
+use super::config::KafkaConfig;
+use super::kafka::{ChangelogLoader, TopicReader};
+use super::produce::{packet_records, produce};
+use super::ServiceError;
+use crate::core::{AnalysisConstants, GlobalThresholds, Operator, Placement, ThresholdPolicy};
+use crate::operators::heavy_hitters::detection_accuracy;
+use crate::operators::{HeavyHitterConfig, HeavyHitters, HitterThreshold};
+
+/// How long any one step may take.
+const STEP_DEADLINE: Duration = Duration::from_secs(300);
+
+#[derive(Clone, Debug)]
+pub struct DemoOptions {
+    pub kafka: KafkaConfig,
+    pub packets: usize,
+    pub partitions: usize,
+    pub failures: usize,
+    pub seed: u64,
+    /// Config and logs of the runs go here.
+    pub dir: PathBuf,
+    /// The thresholds Θ, L, Γ.
+    pub theta: f64,
+    pub max_uncovered: u64,
+    pub max_unacked: u64,
+}
+
+/// A recovery as the service logged it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoggedRecovery {
+    pub partition: i32,
+    pub failures: u32,
+    pub resume_offset: u64,
+    pub bound_state: f64,
+}
+
+/// A numeric field `name=value` of a log line.
+fn log_field(line: &str, name: &str) -> Option<f64> {
+    let start = line.find(&format!(" {name}="))? + name.len() + 2;
+    line[start..].split_whitespace().next()?.parse().ok()
+}
+
+/// The recoveries a service log records.
+pub fn logged_recoveries(log: &str) -> Vec<LoggedRecovery> {
+    log.lines()
+        .filter(|line| line.contains("recovered from a failure"))
+        .filter_map(|line| {
+            Some(LoggedRecovery {
+                partition: log_field(line, "partition")? as i32,
+                failures: log_field(line, "failures")? as u32,
+                resume_offset: log_field(line, "resume_offset")? as u64,
+                bound_state: log_field(line, "bound_state")?,
+            })
+        })
+        .collect()
+}
+
+/// An `afstream run` child, killed if the demo ends early.
+struct Run {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Run {
+    fn start(config: &Path, log: PathBuf, stop_at_end: bool) -> Result<Run, ServiceError> {
+        let exe = std::env::current_exe().map_err(|e| ServiceError::Demo(format!("finding afstream itself: {e}")))?;
+        let log_file =
+            std::fs::File::create(&log).map_err(|e| ServiceError::Demo(format!("{}: {e}", log.display())))?;
+        let mut command = Command::new(exe);
+        command
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file);
+        if stop_at_end {
+            command.arg("--stop-at-end");
+        }
+        let child = command
+            .spawn()
+            .map_err(|e| ServiceError::Demo(format!("starting afstream run: {e}")))?;
+        Ok(Run {
+            child: Some(child),
+            log,
+        })
+    }
+
+    /// Fails if the child has exited.
+    fn check_alive(&mut self) -> Result<(), ServiceError> {
+        if let Some(child) = self.child.as_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Err(ServiceError::Demo(format!(
+                    "afstream run exited early ({status}); see {}",
+                    self.log.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn wait(&mut self) -> Result<(), ServiceError> {
+        let deadline = Instant::now() + STEP_DEADLINE;
+        while let Some(child) = self.child.as_mut() {
+            match child.try_wait() {
+                Ok(Some(status)) if status.success() => self.child = None,
+                Ok(Some(status)) => {
+                    self.child = None;
+                    return Err(ServiceError::Demo(format!(
+                        "afstream run failed ({status}); see {}",
+                        self.log.display()
+                    )));
+                }
+                _ if Instant::now() > deadline => {
+                    self.kill();
+                    return Err(ServiceError::Demo(format!(
+                        "afstream run did not finish within {STEP_DEADLINE:?}; see {}",
+                        self.log.display()
+                    )));
+                }
+                _ => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn config_text(options: &DemoOptions, group: &str, input: &str, output: &str, threshold: f64) -> String {
+    let properties: Vec<String> = options
+        .kafka
+        .properties
+        .iter()
+        .map(|(k, v)| format!("{k:?} = {v:?}"))
+        .collect();
+    format!(
+        r#"[kafka]
+bootstrap_servers = {servers:?}
+group_id = {group:?}
+properties = {{ {properties} }}
+
+[pipeline]
+input_topic = {input:?}
+output_topic = {output:?}
+format = "json"
+
+[pipeline.operator]
+kind = "heavy_hitters"
+threshold = {{ bytes = {threshold:?} }}
+max_weight = 1500
+
+[pipeline.fault_tolerance]
+mode = "approximate"
+theta = {theta:?}
+max_uncovered = {l}
+max_unacked = {gamma}
+"#,
+        servers = options.kafka.bootstrap_servers,
+        properties = properties.join(", "),
+        theta = options.theta,
+        l = options.max_uncovered,
+        gamma = options.max_unacked,
+    )
+}
+
+fn demo_error(what: &str) -> impl Fn(String) -> ServiceError + '_ {
+    move |e| ServiceError::Demo(format!("{what}: {e}"))
+}
+
+/// Runs the demo, writing what happens to `out` as it goes.
+pub fn run_demo(options: &DemoOptions, out: &mut dyn Write) -> Result<(), ServiceError> {
+    let say = |out: &mut dyn Write, text: String| {
+        let _ = writeln!(out, "{text}");
+        let _ = out.flush();
+    };
+    std::fs::create_dir_all(&options.dir).map_err(|e| ServiceError::Demo(format!("{}: {e}", options.dir.display())))?;
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let group = format!("afstream-demo-{stamp}");
+    let (input, output) = (format!("{group}-packets"), format!("{group}-heavy-hitters"));
+
+    let records = packet_records(options.packets, options.seed);
+    let mut flow_bytes: HashMap<Vec<u8>, f64> = HashMap::new();
+    for record in &records {
+        let mut packet = HeavyHitters::empty_input();
+        HeavyHitters::decode(&record.value, &mut packet).map_err(demo_error("a generated packet"))?;
+        *flow_bytes.entry(packet.flow).or_default() += packet.bytes as f64;
+    }
+    let total: f64 = flow_bytes.values().sum();
+    // A heavy hitter: a flow with more than 1% of all bytes.
+    let threshold = (total / 100.0).round();
+    let truth: HashSet<String> = flow_bytes
+        .iter()
+        .filter(|(_, bytes)| **bytes >= threshold)
+        .map(|(flow, _)| String::from_utf8_lossy(flow).into_owned())
+        .collect();
+    say(
+        out,
+        format!(
+            "1. producing {} packets of Zipf-distributed flows to {input} ({} partitions, keyed by flow)",
+            records.len(),
+            options.partitions
+        ),
+    );
+    produce(&options.kafka, &input, options.partitions, &records)?;
+    let config_path = options.dir.join("heavy-hitters.toml");
+    std::fs::write(&config_path, config_text(options, &group, &input, &output, threshold))
+        .map_err(|e| ServiceError::Demo(format!("{}: {e}", config_path.display())))?;
+    say(
+        out,
+        format!(
+            "2. heavy hitters (flows over 1% of the bytes: {threshold} bytes), Θ = {}, L = {}, Γ = {}; config {}",
+            options.theta,
+            options.max_uncovered,
+            options.max_unacked,
+            config_path.display()
+        ),
+    );
+
+    let changelog = ChangelogLoader::new(&options.kafka_with_group(&group), &format!("{group}-changelog"))?;
+    let mut rng = StdRng::seed_from_u64(options.seed ^ 0x5eed);
+    let mut points: Vec<f64> = (0..options.failures).map(|_| rng.gen_range(0.1..0.9)).collect();
+    points.sort_by(f64::total_cmp);
+    let mut logs = Vec::new();
+    for (i, fraction) in points.iter().enumerate() {
+        let log = options.dir.join(format!("run-{}.log", i + 1));
+        let mut run = Run::start(&config_path, log.clone(), false)?;
+        let target = (fraction * records.len() as f64) as u64;
+        let deadline = Instant::now() + STEP_DEADLINE;
+        loop {
+            run.check_alive()?;
+            let mut progress = 0;
+            for partition in 0..options.partitions as i32 {
+                // The changelog exists once the service has started.
+                if let Ok(Some(marker)) = changelog.last_marker(partition) {
+                    progress += marker.input_offset;
+                }
+            }
+            if progress >= target {
+                run.kill();
+                say(
+                    out,
+                    format!(
+                        "3.{} SIGKILL after {progress} of {} packets were covered by markers ({:.0}%)",
+                        i + 1,
+                        records.len(),
+                        100.0 * progress as f64 / records.len() as f64
+                    ),
+                );
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(ServiceError::Demo(format!(
+                    "run {} did not reach {target} packets within {STEP_DEADLINE:?}; see {}",
+                    i + 1,
+                    log.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        logs.push(log);
+    }
+    let log = options.dir.join("final.log");
+    say(
+        out,
+        "4. starting again; this run processes the input to its end and stops cleanly".into(),
+    );
+    Run::start(&config_path, log.clone(), true)?.wait()?;
+    logs.push(log);
+
+    let mut recoveries = Vec::new();
+    for log in &logs {
+        let text = std::fs::read_to_string(log).map_err(|e| ServiceError::Demo(format!("{}: {e}", log.display())))?;
+        recoveries.extend(logged_recoveries(&text));
+    }
+
+    // The answer against the exact one.
+    let reader = TopicReader::new(&options.kafka_with_group(&group), "demo-reader")?;
+    let mut detected = HashSet::new();
+    for partition in 0..options.partitions as i32 {
+        reader
+            .read_all(&output, partition, |m| {
+                if let Some(key) = rdkafka::Message::key(m) {
+                    detected.insert(String::from_utf8_lossy(key).into_owned());
+                }
+            })
+            .map_err(demo_error("reading the output"))?;
+    }
+    let accuracy = detection_accuracy(&detected, &truth);
+
+    // Each partition's final state against a failure-free run over its records.
+    let config = HeavyHitterConfig {
+        threshold: HitterThreshold::Bytes(threshold),
+        max_weight: 1500,
+        ..HeavyHitterConfig::default()
+    };
+    let probe = HeavyHitters::new(config)?;
+    let constants: AnalysisConstants = probe.constants();
+    let policy = ThresholdPolicy::new(
+        GlobalThresholds::new(options.theta, options.max_uncovered, options.max_unacked)?,
+        crate::core::FailurePolicy::Halving,
+        Placement {
+            parallelism: options.partitions as u32,
+            ..Placement::default()
+        },
+        probe.norm().is_additive(),
+        constants,
+    )?;
+    say(out, String::new());
+    say(out, "recoveries, as the service logged them:".into());
+    say(
+        out,
+        " partition  failure k  resumed at offset  worst-case error it may add (bytes)".into(),
+    );
+    for r in &recoveries {
+        say(
+            out,
+            format!(
+                " {:>9}  {:>9}  {:>17}  {:>12.0}",
+                r.partition, r.failures, r.resume_offset, r.bound_state
+            ),
+        );
+    }
+    say(out, String::new());
+    say(
+        out,
+        "final state, per partition (the largest counter difference, in bytes):".into(),
+    );
+    say(
+        out,
+        " partition  failures  failure-free vs after failures  logged bounds  bound from Θ, L, k".into(),
+    );
+    let mut within = true;
+    let mut max_bound: f64 = 0.0;
+    for partition in 0..options.partitions as i32 {
+        let mut clean = HeavyHitters::new(config)?;
+        let mut packet = HeavyHitters::empty_input();
+        let mut outputs = Vec::new();
+        reader
+            .read_all(&input, partition, |m| {
+                if let Some(value) = rdkafka::Message::payload(m) {
+                    if HeavyHitters::decode(value, &mut packet).is_ok() {
+                        let _ = clean.process(&packet, &mut outputs);
+                        outputs.clear();
+                    }
+                }
+            })
+            .map_err(demo_error("reading the input back"))?;
+        let state = changelog.load(partition)?;
+        let mut recovered = HeavyHitters::new(config)?;
+        recovered.restore(&state.entries)?;
+        let failures = state.marker.map(|m| m.failures).unwrap_or(0);
+        let error = recovered.distance(&clean);
+        let logged: f64 = recoveries
+            .iter()
+            .filter(|r| r.partition == partition)
+            .map(|r| r.bound_state)
+            .sum();
+        let bound = policy.bound_after(failures, constants).state;
+        within &= error <= logged.min(bound) + 1e-9;
+        max_bound = max_bound.max(logged.min(bound));
+        say(
+            out,
+            format!(" {partition:>9}  {failures:>8}  {error:>30.0}  {logged:>13.0}  {bound:>18.0}"),
+        );
+    }
+    say(out, String::new());
+    say(
+        out,
+        format!(
+            "heavy hitters: {} exact, {} detected; precision {:.3}, recall {:.3}, F1 {:.3}",
+            truth.len(),
+            detected.len(),
+            accuracy.precision,
+            accuracy.recall,
+            accuracy.f1
+        ),
+    );
+    say(
+        out,
+        if within {
+            "every partition's error is within its bound".into()
+        } else {
+            "A BOUND WAS EXCEEDED".into()
+        },
+    );
+    let mut wrong: Vec<(&String, bool)> = truth.difference(&detected).map(|f| (f, true)).collect();
+    wrong.extend(detected.difference(&truth).map(|f| (f, false)));
+    wrong.sort();
+    for (flow, missed) in wrong {
+        let bytes = flow_bytes.get(flow.as_bytes()).copied().unwrap_or(0.0);
+        say(
+            out,
+            format!(
+                "  {} {flow}: {bytes} bytes exactly, {:.0} from the threshold{}",
+                if missed { "missed" } else { "false positive" },
+                (bytes - threshold).abs(),
+                if (bytes - threshold).abs() <= max_bound {
+                    ", inside the error bound"
+                } else {
+                    ""
+                }
+            ),
+        );
+    }
+    say(out, format!("logs: {}", options.dir.display()));
+    if within {
+        Ok(())
+    } else {
+        Err(ServiceError::Demo("a partition's error exceeded its bound".into()))
+    }
+}
+
+impl DemoOptions {
+    fn kafka_with_group(&self, group: &str) -> KafkaConfig {
+        KafkaConfig {
+            group_id: group.to_string(),
+            properties: self.kafka.properties.clone(),
+            ..self.kafka.clone()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recoveries_are_read_from_the_service_log() {
+        let log = "2026-12-03T17:30:50Z  WARN afstream::service::runner: recovered from a failure partition=1 \
+                   source=Marker resume_offset=3440 failures=2 restored_records=8247 bound_state=3400.0 \
+                   bound_outputs=3700.0\n2026-12-03T17:30:51Z  INFO task started partition=0";
+        assert_eq!(
+            logged_recoveries(log),
+            vec![LoggedRecovery {
+                partition: 1,
+                failures: 2,
+                resume_offset: 3440,
+                bound_state: 3400.0
+            }]
+        );
+    }
+}
