@@ -208,7 +208,8 @@ fn run_service(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     let options = service::RunOptions {
         stop_at_end: args.stop_at_end,
     };
-    Ok(service::run(&config, &stop, options)?)
+    service::run(&config, &stop, options)?;
+    Ok(())
 }
 
 fn produce(args: &ProduceArgs) -> Result<(), Box<dyn std::error::Error>> {

@@ -20,7 +20,7 @@ use crate::core::CoreError;
 use crate::operators::{HeavyHitters, WordCount};
 use config::{Config, OperatorConfig};
 use kafka::KafkaSetupError;
-pub use runner::RunOptions;
+pub use runner::{RunOptions, RunReport, TaskReport};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
@@ -50,7 +50,7 @@ pub enum ServiceError {
 
 /// Runs the configured pipeline until `stop` is set (or its input ends, with
 /// `stop_at_end`).
-pub fn run(config: &Config, stop: &AtomicBool, options: RunOptions) -> Result<(), ServiceError> {
+pub fn run(config: &Config, stop: &AtomicBool, options: RunOptions) -> Result<RunReport, ServiceError> {
     match &config.pipeline.operator {
         OperatorConfig::WordCount(c) => runner::run_pipeline::<WordCount>(config, c, stop, options),
         OperatorConfig::HeavyHitters(c) => runner::run_pipeline::<HeavyHitters>(config, c, stop, options),

@@ -25,8 +25,8 @@ use super::kafka::{
 };
 use super::ServiceError;
 use crate::core::{
-    Ack, BackupEntry, BackupMarker, ChangelogState, ControllerConfig, Placement, RecoveryPlan, Rejected, TaskDriver,
-    TaskIo, ThresholdPolicy,
+    Ack, BackupEntry, BackupMarker, ChangelogState, ControllerConfig, DriverStats, Placement, RecoveryPlan, Rejected,
+    TaskDriver, TaskIo, ThresholdPolicy,
 };
 
 /// Records a task takes from its partition queue at a time.
@@ -39,6 +39,22 @@ pub struct RunOptions {
     /// Stop cleanly once every partition is processed up to the end it had when
     /// it was assigned (for batch jobs, demos and benchmarks).
     pub stop_at_end: bool,
+}
+
+/// What a run did, per task, and how long its tasks ran.
+#[derive(Clone, Debug, Default)]
+pub struct RunReport {
+    pub tasks: Vec<TaskReport>,
+    /// From the first task's start (its partition assigned and restored) to the
+    /// end of the clean stop: the processing time, without joining the group.
+    pub processing: Duration,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct TaskReport {
+    pub partition: i32,
+    pub stats: DriverStats,
+    pub undecodable: u64,
 }
 
 /// The topics of the pipeline.
@@ -576,7 +592,7 @@ pub fn run_pipeline<O: ServiceOperator>(
     operator_config: &O::Config,
     stop: &AtomicBool,
     options: RunOptions,
-) -> Result<(), ServiceError> {
+) -> Result<RunReport, ServiceError> {
     let kafka = &config.kafka;
     let pipeline = &config.pipeline;
     let topics = Topics {
@@ -680,6 +696,7 @@ pub fn run_pipeline<O: ServiceOperator>(
     let mut tasks: BTreeMap<i32, Task<O>> = BTreeMap::new();
     let mut events: Vec<DeliveryEvent> = Vec::new();
     let mut stopping: Option<Instant> = None;
+    let mut first_task: Option<Instant> = None;
     let mut worked = true;
     loop {
         let now_ms = started.elapsed().as_millis() as u64;
@@ -719,6 +736,7 @@ pub fn run_pipeline<O: ServiceOperator>(
                 .ok_or_else(|| ServiceError::Unsupported(format!("no queue for input partition {partition}")))?;
             let task = Task::start(&shared, controller, operator_config, assigned, queue, now_ms)?;
             tasks.insert(partition, task);
+            first_task.get_or_insert_with(Instant::now);
         }
         match message {
             // A record fetched before its partition's queue was split.
@@ -784,8 +802,18 @@ pub fn run_pipeline<O: ServiceOperator>(
             }
         }
     }
+    let processing = first_task.map(|t| t.elapsed()).unwrap_or_default();
+    let mut report = RunReport {
+        tasks: Vec::new(),
+        processing,
+    };
     for task in tasks.values() {
         let stats = task.driver.stats();
+        report.tasks.push(TaskReport {
+            partition: task.partition,
+            stats,
+            undecodable: task.batch.undecodable,
+        });
         tracing::info!(
             partition = task.partition,
             items = stats.items,
@@ -808,5 +836,5 @@ pub fn run_pipeline<O: ServiceOperator>(
         .flush(REQUEST_TIMEOUT)
         .map_err(|e| ServiceError::Stop(format!("flushing the producer: {e}")))?;
     consumer.unsubscribe();
-    Ok(())
+    Ok(report)
 }
