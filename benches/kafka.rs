@@ -8,8 +8,10 @@
 //! AFSTREAM_BENCH_ROUNDS (default 3) size it; AFSTREAM_TEST_BOOTSTRAP points it
 //! at a cluster instead of the project's own broker.
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
@@ -25,42 +27,6 @@ fn repo() -> PathBuf {
 
 fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// The project's broker for the length of the bench.
-struct OwnBroker(PathBuf);
-
-impl Drop for OwnBroker {
-    fn drop(&mut self) {
-        let _ = Command::new("timeout")
-            .arg("60")
-            .arg(repo().join("scripts/broker"))
-            .arg("stop")
-            .arg(&self.0)
-            .status();
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn start_broker() -> (String, Option<OwnBroker>) {
-    if let Ok(address) = std::env::var("AFSTREAM_TEST_BOOTSTRAP") {
-        return (address, None);
-    }
-    let dir = std::env::temp_dir().join(format!("afstream-bench-{}", std::process::id()));
-    let output = Command::new("timeout")
-        .arg("180")
-        .arg(repo().join("scripts/broker"))
-        .arg("start")
-        .arg(&dir)
-        .output()
-        .expect("run scripts/broker");
-    assert!(
-        output.status.success(),
-        "scripts/broker start: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let address = String::from_utf8_lossy(&output.stdout).trim().to_string();
-    (address, Some(OwnBroker(dir)))
 }
 
 fn load_config(name: &str, address: &str, own_broker: bool) -> Config {
@@ -140,13 +106,15 @@ fn main() {
     // useful either: this bench always runs in full.
     let items = env_number("AFSTREAM_BENCH_ITEMS", 50_000);
     let rounds = env_number("AFSTREAM_BENCH_ROUNDS", 3).max(1);
-    let (address, own) = start_broker();
+    let dir = std::env::temp_dir().join(format!("afstream-bench-{}", std::process::id()));
+    let broker = common::Broker::start(&dir);
+    let (address, own_broker) = (broker.address.clone(), broker.is_own());
     let stamp = std::process::id();
     let workloads: Vec<(Workload, Vec<InputRecord>, usize)> = vec![
         (
             Workload {
                 name: "WordCount (lines of 1-8 words)",
-                config: load_config("word-count.toml", &address, own.is_some()),
+                config: load_config("word-count.toml", &address, own_broker),
                 topic: format!("bench-lines-{stamp}"),
             },
             text_records(items, 1),
@@ -155,7 +123,7 @@ fn main() {
         (
             Workload {
                 name: "heavy hitters (JSON packets)",
-                config: load_config("heavy-hitters.toml", &address, own.is_some()),
+                config: load_config("heavy-hitters.toml", &address, own_broker),
                 topic: format!("bench-packets-{stamp}"),
             },
             packet_records(items, 2),
@@ -195,5 +163,5 @@ fn main() {
             100.0 * median(&mut stalls)
         );
     }
-    drop(own);
+    drop(broker);
 }

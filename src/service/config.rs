@@ -70,6 +70,11 @@ pub struct PipelineConfig {
     #[serde(default)]
     pub changelog_topic: Option<String>,
     pub format: Format,
+    /// The pipeline's local state directory (relative to the working
+    /// directory). A process locks it for its group, so two processes never
+    /// share one; the RocksDB stores will live here (issue 14).
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
     pub operator: OperatorConfig,
     pub fault_tolerance: FaultToleranceConfig,
 }

@@ -5,7 +5,8 @@
 //! * [`codec`]: records to operator inputs, outputs to records;
 //! * [`kafka`]: clients, topics, changelog reading, delivery reports;
 //! * [`produce`]: seeded workloads into an input topic;
-//! * [`runner`]: the consumer group and one core `TaskDriver` per partition.
+//! * [`runner`]: the consumer group and one core `TaskDriver` per partition;
+//! * [`state`]: the local state directory and its lock.
 
 pub mod codec;
 pub mod config;
@@ -13,6 +14,7 @@ pub mod demo;
 pub mod kafka;
 pub mod produce;
 pub mod runner;
+pub mod state;
 
 use std::sync::atomic::AtomicBool;
 
@@ -46,6 +48,8 @@ pub enum ServiceError {
     Produce(String),
     #[error("demo: {0}")]
     Demo(String),
+    #[error("state directory {path}: {reason}")]
+    State { path: std::path::PathBuf, reason: String },
 }
 
 /// Runs the configured pipeline until `stop` is set (or its input ends, with

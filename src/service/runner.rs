@@ -23,6 +23,7 @@ use super::kafka::{
     client_config, ensure_topics, partition_count, ChangelogLoader, Delivery, DeliveryEvent, DeliveryReports,
     KafkaSetupError, TopicSpec, REQUEST_TIMEOUT,
 };
+use super::state::lock_state_dir;
 use super::ServiceError;
 use crate::core::{
     Ack, BackupEntry, BackupMarker, ChangelogState, ControllerConfig, DriverStats, Placement, RecoveryPlan, Rejected,
@@ -240,6 +241,20 @@ struct KafkaIo<'a, O> {
     operator: PhantomData<O>,
 }
 
+impl<O> KafkaIo<'_, O> {
+    /// Sends one record to this task's changelog partition (a tombstone when
+    /// the entry has no value).
+    fn send_to_changelog(&self, entry: &BackupEntry, delivery: Delivery) -> Result<(), KafkaError> {
+        let mut record = BaseRecord::with_opaque_to(&self.topics.changelog, delivery.pack())
+            .partition(self.partition)
+            .key(&entry.key[..]);
+        if let Some(value) = &entry.value {
+            record = record.payload(&value[..]);
+        }
+        send(self.producer, record)
+    }
+}
+
 impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
     fn send_output(&mut self, item_offset: u64, output: O::Output) {
         O::encode(&output, self.key, self.value);
@@ -273,13 +288,7 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
             seq,
         };
         for entry in entries {
-            let mut record = BaseRecord::with_opaque_to(&self.topics.changelog, delivery.pack())
-                .partition(self.partition)
-                .key(&entry.key[..]);
-            if let Some(value) = &entry.value {
-                record = record.payload(&value[..]);
-            }
-            if let Err(error) = send(self.producer, record) {
+            if let Err(error) = self.send_to_changelog(entry, delivery) {
                 tracing::warn!(partition = self.partition, seq, %error, "backup record not sent; the backup is retried");
                 self.flight.backup_record_done(seq, true);
             }
@@ -292,13 +301,7 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
             partition: self.partition,
             seq: marker.seq,
         };
-        let mut record = BaseRecord::with_opaque_to(&self.topics.changelog, delivery.pack())
-            .partition(self.partition)
-            .key(&entry.key[..]);
-        if let Some(value) = &entry.value {
-            record = record.payload(&value[..]);
-        }
-        if let Err(error) = send(self.producer, record) {
+        if let Err(error) = self.send_to_changelog(&entry, delivery) {
             tracing::warn!(partition = self.partition, seq = marker.seq, %error, "marker not sent; it is retried");
             self.flight.acks.push(Ack::MarkerFailed(marker.seq));
         }
@@ -601,6 +604,10 @@ pub fn run_pipeline<O: ServiceOperator>(
         changelog: pipeline.changelog_topic(&kafka.group_id),
     };
     let probe = O::build(operator_config)?;
+    let _state_lock = match &pipeline.state_dir {
+        Some(dir) => Some(lock_state_dir(dir, &kafka.group_id)?),
+        None => None,
+    };
     let partitions =
         partition_count(kafka, &topics.input)?.ok_or_else(|| KafkaSetupError::MissingTopic(topics.input.clone()))?;
     if partitions > 1 << 16 {

@@ -74,6 +74,12 @@ impl Broker {
         }
     }
 
+    /// Whether this is the project's own broker (not a cluster named by the
+    /// environment).
+    pub fn is_own(&self) -> bool {
+        self.dir.is_some()
+    }
+
     pub fn kafka(&self) -> KafkaConfig {
         KafkaConfig {
             bootstrap_servers: self.address.clone(),
