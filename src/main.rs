@@ -48,7 +48,7 @@ enum Command {
 struct DemoArgs {
     #[arg(long, env = "AFSTREAM_BOOTSTRAP_SERVERS")]
     bootstrap_servers: String,
-    #[arg(long, default_value_t = 60_000)]
+    #[arg(long, default_value_t = 150_000)]
     packets: usize,
     #[arg(long, default_value_t = 2)]
     partitions: usize,

@@ -118,6 +118,17 @@ impl Run {
         Ok(())
     }
 
+    /// Tasks this run has started, by its log.
+    fn started_tasks(&self) -> usize {
+        std::fs::read_to_string(&self.log)
+            .map(|text| {
+                text.lines()
+                    .filter(|l| l.contains("task started") || l.contains("recovered from a failure"))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
     fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
@@ -252,23 +263,38 @@ pub fn run_demo(options: &DemoOptions, out: &mut dyn Write) -> Result<(), Servic
 
     let changelog = ChangelogLoader::new(&options.kafka_with_group(&group), &format!("{group}-changelog"))?;
     let mut rng = StdRng::seed_from_u64(options.seed ^ 0x5eed);
-    let mut points: Vec<f64> = (0..options.failures).map(|_| rng.gen_range(0.1..0.9)).collect();
+    let mut points: Vec<f64> = (0..options.failures).map(|_| rng.gen_range(0.1..0.8)).collect();
     points.sort_by(f64::total_cmp);
     let mut logs = Vec::new();
     for (i, fraction) in points.iter().enumerate() {
         let log = options.dir.join(format!("run-{}.log", i + 1));
         let mut run = Run::start(&config_path, log.clone(), false)?;
-        let target = (fraction * records.len() as f64) as u64;
         let deadline = Instant::now() + STEP_DEADLINE;
+        let progress = |changelog: &ChangelogLoader| -> u64 {
+            (0..options.partitions as i32)
+                // The changelog exists once the service has started.
+                .filter_map(|p| changelog.last_marker(p).ok().flatten())
+                .map(|marker| marker.input_offset)
+                .sum()
+        };
+        // Wait until this run's tasks have started (restored, start marker
+        // written), so that each kill interrupts a run that is processing.
+        while run.started_tasks() < options.partitions {
+            run.check_alive()?;
+            if Instant::now() > deadline {
+                return Err(ServiceError::Demo(format!(
+                    "run {} started no tasks within {STEP_DEADLINE:?}; see {}",
+                    i + 1,
+                    log.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let at_start = progress(&changelog);
+        let target = ((fraction * records.len() as f64) as u64).max(at_start + records.len() as u64 / 50);
         loop {
             run.check_alive()?;
-            let mut progress = 0;
-            for partition in 0..options.partitions as i32 {
-                // The changelog exists once the service has started.
-                if let Ok(Some(marker)) = changelog.last_marker(partition) {
-                    progress += marker.input_offset;
-                }
-            }
+            let progress = progress(&changelog);
             if progress >= target {
                 run.kill();
                 say(
@@ -289,7 +315,7 @@ pub fn run_demo(options: &DemoOptions, out: &mut dyn Write) -> Result<(), Servic
                     log.display()
                 )));
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(5));
         }
         logs.push(log);
     }
