@@ -351,3 +351,56 @@ fn a_restart_inside_a_produced_batch_gets_every_record_after_it() {
         assert_eq!(counts.get(word), Some(count), "count of {word:?} from offset 1234");
     }
 }
+
+#[test]
+fn metrics_show_progress_thresholds_and_starts() {
+    let dir = test_dir("metrics");
+    let broker = Broker::start(&dir);
+    let p = pipeline(
+        &dir,
+        &broker,
+        "metrics",
+        "text",
+        &word_count_operator(),
+        (1000.0, 1000, 1000),
+    );
+    let port = common::free_port();
+    let mut config = std::fs::read_to_string(&p.config).expect("the config");
+    config.push_str(&format!("\n[metrics]\naddress = \"127.0.0.1:{port}\"\n"));
+    std::fs::write(&p.config, config).expect("write the config");
+    let lines = text_records(3000, 19);
+    produce(&broker.kafka(), &p.input, 1, &lines).expect("produce the lines");
+
+    let mut service = Service::start(&p.config, &dir.join("run.log"), false);
+    let processed = |text: &str| common::metric(text, "afstream_items_processed_total", &[]);
+    service.wait_until(
+        RUN_DEADLINE,
+        "afstream_items_processed_total at 3000 on /metrics",
+        || common::scrape(port).and_then(|t| processed(&t)) == Some(3000.0),
+    );
+    let text = common::scrape(port).expect("scrape /metrics");
+    let value = |name: &str, labels: &[&str]| {
+        common::metric(&text, name, labels).unwrap_or_else(|| panic!("{name} {labels:?} missing from:\n{text}"))
+    };
+    // One partition: θ = Θ/2, l = L/2, γ = Γ/2 before any failure.
+    assert_eq!(value("afstream_theta", &["partition=\"0\""]), 500.0);
+    assert_eq!(value("afstream_items_threshold", &[]), 500.0);
+    assert_eq!(value("afstream_outputs_threshold", &[]), 500.0);
+    assert_eq!(value("afstream_failures", &[]), 0.0);
+    assert_eq!(
+        value(
+            "afstream_recoveries_total",
+            &["source=\"beginning\"", "failure=\"false\""]
+        ),
+        1.0
+    );
+    let exact_outputs: f64 = exact_word_counts(&lines).values().sum();
+    assert_eq!(value("afstream_outputs_produced_total", &[]), exact_outputs);
+    assert!(value("afstream_backups_total", &[]) > 0.0);
+    assert!(value("afstream_markers_total", &[]) > 0.0);
+    assert!(value("afstream_items_past_marker", &[]) <= 500.0);
+    // The divergence may pass θ while a backup is in flight; it is there and finite.
+    assert!(value("afstream_divergence", &[]).is_finite());
+    let status = service.terminate(Duration::from_secs(60));
+    assert!(status.success(), "clean stop failed ({status})");
+}

@@ -28,6 +28,16 @@ pub enum ConfigError {
 pub struct Config {
     pub kafka: KafkaConfig,
     pub pipeline: PipelineConfig,
+    /// Prometheus metrics; none unless configured.
+    #[serde(default)]
+    pub metrics: Option<MetricsConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Where `/metrics` is served, `host:port`.
+    pub address: String,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -183,6 +193,9 @@ pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config,
     if let Some(servers) = env(ENV_BOOTSTRAP_SERVERS).filter(|s| !s.trim().is_empty()) {
         config.kafka.bootstrap_servers = servers;
     }
+    if let Some(address) = env(super::metrics::ENV_METRICS_ADDRESS).filter(|s| !s.trim().is_empty()) {
+        config.metrics = Some(MetricsConfig { address });
+    }
     validate(&config)?;
     Ok(config)
 }
@@ -198,6 +211,14 @@ fn validate(config: &Config) -> Result<(), String> {
         if value.trim().is_empty() {
             return Err(format!("`{key}` is empty: it must name something"));
         }
+    }
+    if let Some(metrics) = &config.metrics {
+        metrics.address.parse::<std::net::SocketAddr>().map_err(|e| {
+            format!(
+                "`metrics.address` = {:?}: {e} (write host:port, e.g. 0.0.0.0:9464)",
+                metrics.address
+            )
+        })?;
     }
     if config.kafka.replication_factor < 1 {
         return Err(format!(
@@ -287,9 +308,17 @@ max_unacked = 500
     }
 
     #[test]
-    fn the_environment_overrides_the_bootstrap_servers() {
-        let env = |key: &str| (key == ENV_BOOTSTRAP_SERVERS).then(|| "broker:1234".to_string());
-        assert_eq!(parse(GOOD, &env).expect("valid").kafka.bootstrap_servers, "broker:1234");
+    fn the_environment_overrides_the_bootstrap_servers_and_the_metrics_address() {
+        let env = |key: &str| match key {
+            ENV_BOOTSTRAP_SERVERS => Some("broker:1234".to_string()),
+            super::super::metrics::ENV_METRICS_ADDRESS => Some("127.0.0.1:9464".to_string()),
+            _ => None,
+        };
+        let config = parse(GOOD, &env).expect("valid");
+        assert_eq!(config.kafka.bootstrap_servers, "broker:1234");
+        assert_eq!(config.metrics.map(|m| m.address).as_deref(), Some("127.0.0.1:9464"));
+        let bad = format!("{GOOD}\n[metrics]\naddress = \"localhost\"\n");
+        assert!(parse(&bad, &no_env).unwrap_err().contains("metrics.address"));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! * [`demo`]: `afstream demo`, the whole story on a real broker;
 //! * [`codec`]: records to operator inputs, outputs to records;
 //! * [`kafka`]: clients, topics, changelog reading, delivery reports;
+//! * [`metrics`]: the Prometheus exporter and each task's metrics;
 //! * [`produce`]: seeded workloads into an input topic;
 //! * [`runner`]: the consumer group and one core `TaskDriver` per partition;
 //! * [`state`]: the local state directory and its lock.
@@ -12,6 +13,7 @@ pub mod codec;
 pub mod config;
 pub mod demo;
 pub mod kafka;
+pub mod metrics;
 pub mod produce;
 pub mod runner;
 pub mod state;
@@ -48,6 +50,8 @@ pub enum ServiceError {
     Produce(String),
     #[error("demo: {0}")]
     Demo(String),
+    #[error("metrics: {0}")]
+    Metrics(String),
     #[error("state directory {path}: {reason}")]
     State { path: std::path::PathBuf, reason: String },
 }
@@ -55,6 +59,10 @@ pub enum ServiceError {
 /// Runs the configured pipeline until `stop` is set (or its input ends, with
 /// `stop_at_end`).
 pub fn run(config: &Config, stop: &AtomicBool, options: RunOptions) -> Result<RunReport, ServiceError> {
+    if let Some(metrics) = &config.metrics {
+        let address = metrics::serve(&metrics.address)?;
+        tracing::info!(%address, "serving Prometheus metrics at /metrics");
+    }
     match &config.pipeline.operator {
         OperatorConfig::WordCount(c) => runner::run_pipeline::<WordCount>(config, c, stop, options),
         OperatorConfig::HeavyHitters(c) => runner::run_pipeline::<HeavyHitters>(config, c, stop, options),

@@ -23,6 +23,7 @@ use super::kafka::{
     client_config, ensure_topics, partition_count, ChangelogLoader, Delivery, DeliveryEvent, DeliveryReports,
     KafkaSetupError, TopicSpec, REQUEST_TIMEOUT,
 };
+use super::metrics::{TaskMetrics, TaskPosition};
 use super::state::lock_state_dir;
 use super::ServiceError;
 use crate::core::{
@@ -72,6 +73,8 @@ struct Assigned {
     committed: Option<u64>,
     /// The input partition's end when it was assigned.
     end: u64,
+    /// How long reading the changelog took.
+    restore_seconds: f64,
 }
 
 /// The consumer's context: rebalances restore each new partition's changelog
@@ -107,7 +110,9 @@ impl GroupContext {
             .collect();
         let mut assigned = Vec::with_capacity(partitions.len());
         for partition in partitions {
+            let restore_started = Instant::now();
             let changelog = self.loader.load(partition).map_err(|e| e.to_string())?;
+            let restore_seconds = restore_started.elapsed().as_secs_f64();
             let committed = match committed
                 .find_partition(&self.input_topic, partition)
                 .map(|e| e.offset())
@@ -132,6 +137,7 @@ impl GroupContext {
                 changelog,
                 committed,
                 end: end.max(0) as u64,
+                restore_seconds,
             });
         }
         let assign = match consumer.rebalance_protocol() {
@@ -324,6 +330,7 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
 
 /// What every task shares: the clients and the topics.
 struct Shared<'a> {
+    group: String,
     producer: &'a BaseProducer<DeliveryReports>,
     consumer: &'a BaseConsumer<GroupContext>,
     topics: &'a Topics,
@@ -382,6 +389,7 @@ struct Task<O: ServiceOperator> {
     flight: Flight,
     key: Vec<u8>,
     value: Vec<u8>,
+    metrics: TaskMetrics,
 }
 
 impl<O: ServiceOperator> Task<O> {
@@ -430,6 +438,13 @@ impl<O: ServiceOperator> Task<O> {
             source,
         })?;
         let thresholds = driver.controller().thresholds();
+        TaskMetrics::started(
+            &shared.group,
+            assigned.partition,
+            &plan,
+            assigned.changelog.records,
+            assigned.restore_seconds,
+        );
         if plan.counted_failure {
             tracing::warn!(
                 partition = assigned.partition,
@@ -474,6 +489,7 @@ impl<O: ServiceOperator> Task<O> {
             flight,
             key,
             value,
+            metrics: TaskMetrics::new(&shared.group, assigned.partition),
         })
     }
 
@@ -497,13 +513,16 @@ impl<O: ServiceOperator> Task<O> {
 
     fn delivered(&mut self, shared: &Shared<'_>, event: DeliveryEvent) {
         match (event.delivery, event.failure) {
-            (Delivery::Output { offset, .. }, None) => self.acknowledge(
-                shared,
-                Ack::Output {
-                    item_offset: offset,
-                    count: 1,
-                },
-            ),
+            (Delivery::Output { offset, .. }, None) => {
+                self.metrics.outputs_acknowledged(1);
+                self.acknowledge(
+                    shared,
+                    Ack::Output {
+                        item_offset: offset,
+                        count: 1,
+                    },
+                )
+            }
             (delivery @ Delivery::Output { offset, .. }, Some(failed)) => {
                 // An output is never given up: send it again, in order of failure.
                 tracing::warn!(partition = self.partition, offset, error = %failed.error, "output not delivered; sending it again");
@@ -574,7 +593,25 @@ impl<O: ServiceOperator> Task<O> {
             }
         }
         self.driver.tick(now_ms, &mut io);
-        worked | self.settle(shared)
+        worked |= self.settle(shared);
+        if worked {
+            self.publish();
+        }
+        worked
+    }
+
+    /// Brings the task's metrics up to date.
+    fn publish(&mut self) {
+        let controller = self.driver.controller();
+        let position = TaskPosition {
+            divergence: self.driver.operator().divergence(),
+            thresholds: controller.thresholds(),
+            items_past_marker: controller.items_past_marker(),
+            unacknowledged_outputs: controller.unacknowledged_outputs(),
+            failures: controller.failures(),
+        };
+        self.metrics
+            .publish(self.driver.stats(), self.batch.undecodable, &position);
     }
 
     fn at_end(&self) -> bool {
@@ -695,6 +732,7 @@ pub fn run_pipeline<O: ServiceOperator>(
     );
 
     let shared = Shared {
+        group: kafka.group_id.clone(),
         producer: &producer,
         consumer: &consumer,
         topics: &topics,
@@ -814,7 +852,8 @@ pub fn run_pipeline<O: ServiceOperator>(
         tasks: Vec::new(),
         processing,
     };
-    for task in tasks.values() {
+    for task in tasks.values_mut() {
+        task.publish();
         let stats = task.driver.stats();
         report.tasks.push(TaskReport {
             partition: task.partition,

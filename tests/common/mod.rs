@@ -310,3 +310,39 @@ pub fn log_lines(log: &Path, needle: &str) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// A loopback port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// The text of `http://127.0.0.1:PORT/metrics`, or `None` while nothing answers.
+pub fn scrape(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (_, body) = response.split_once("\r\n\r\n")?;
+    Some(body.to_string())
+}
+
+/// The sum of a metric's samples whose labels contain every `label="value"` given.
+pub fn metric(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else { continue };
+        if !(rest.starts_with('{') || rest.starts_with(' ')) || !labels.iter().all(|l| rest.contains(l)) {
+            continue;
+        }
+        let value: f64 = rest.rsplit(' ').next()?.parse().ok()?;
+        *found.get_or_insert(0.0) += value;
+    }
+    found
+}
