@@ -48,14 +48,19 @@ pub struct RunOptions {
 pub struct RunReport {
     pub tasks: Vec<TaskReport>,
     /// From the first task's start (its partition assigned and restored) to the
-    /// end of the clean stop: the processing time, without joining the group.
+    /// start of the clean stop: the processing time, without joining the group.
     pub processing: Duration,
+    /// The clean stop: final complete backups, markers, commits.
+    pub stop: Duration,
 }
 
 #[derive(Clone, Copy, Debug)]
 pub struct TaskReport {
     pub partition: i32,
+    /// At the end of the run.
     pub stats: DriverStats,
+    /// When the clean stop began (without its final complete backup).
+    pub before_stop: DriverStats,
     pub undecodable: u64,
 }
 
@@ -742,6 +747,7 @@ pub fn run_pipeline<O: ServiceOperator>(
     let mut events: Vec<DeliveryEvent> = Vec::new();
     let mut stopping: Option<Instant> = None;
     let mut first_task: Option<Instant> = None;
+    let mut before_stop: BTreeMap<i32, DriverStats> = BTreeMap::new();
     let mut worked = true;
     loop {
         let now_ms = started.elapsed().as_millis() as u64;
@@ -827,6 +833,7 @@ pub fn run_pipeline<O: ServiceOperator>(
                 "stopping cleanly: final backups, markers and commits"
             );
             for task in tasks.values_mut() {
+                before_stop.insert(task.partition, task.driver.stats());
                 task.begin_stop(&shared);
             }
             stopping = Some(Instant::now());
@@ -847,10 +854,13 @@ pub fn run_pipeline<O: ServiceOperator>(
             }
         }
     }
-    let processing = first_task.map(|t| t.elapsed()).unwrap_or_default();
+    let stop_began = stopping.unwrap_or_else(Instant::now);
     let mut report = RunReport {
         tasks: Vec::new(),
-        processing,
+        processing: first_task
+            .map(|t| stop_began.saturating_duration_since(t))
+            .unwrap_or_default(),
+        stop: stop_began.elapsed(),
     };
     for task in tasks.values_mut() {
         task.publish();
@@ -858,6 +868,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         report.tasks.push(TaskReport {
             partition: task.partition,
             stats,
+            before_stop: before_stop.get(&task.partition).copied().unwrap_or(stats),
             undecodable: task.batch.undecodable,
         });
         tracing::info!(

@@ -12,9 +12,15 @@ use super::BackupScope;
 use super::Norm;
 
 const DIRTY: u8 = 1; // changed since it was last included in a backup (L1, L2, key count)
-const OVER: u8 = 2; // |live - backed| > θ (max difference)
+const OVER: u8 = 2; // |live - backed| > θ·WRITE_FRACTION (max difference): written by the next backup
 const PRESENT: u8 = 4; // included in an acknowledged backup (key count)
 const OWED: u8 = 8; // max difference: written by a backup that failed, so possibly in the store
+
+/// Max difference: a backup writes every slot whose drift exceeds this share of
+/// θ, not only those over θ. Left at just under θ, drifts would pile up there and
+/// every later item would push one slot over and trigger a backup of it alone;
+/// with half of θ written, a slot must drift θ/2 again before the next.
+const WRITE_FRACTION: f64 = 0.5;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Slot {
@@ -44,7 +50,7 @@ pub struct DriftSlots {
     owed: Vec<u32>,
     /// L1: Σ|d|; L2: Σd²; key count: slots never acknowledged.
     sum: f64,
-    /// Max difference: the largest |d| among the slots flagged over θ.
+    /// Max difference: the largest |d| among the slots flagged (over θ·WRITE_FRACTION).
     over_max: f64,
     /// Max difference: an upper bound of |d| over the slots not flagged.
     running_max: f64,
@@ -134,8 +140,8 @@ impl DriftSlots {
                 let drift = (value - backed).abs();
                 self.running_max = self.running_max.max(drift);
                 self.since_complete = self.since_complete.max(drift);
-                if drift > self.theta || self.flags[index as usize] & OVER != 0 {
-                    self.update_over(index, drift);
+                if drift > self.write_threshold() || self.flags[index as usize] & OVER != 0 {
+                    self.update_over(index, (old - backed).abs(), drift);
                 }
             }
         }
@@ -150,12 +156,21 @@ impl DriftSlots {
         }
     }
 
-    /// Keeps the over-θ list and its maximum exact when a slot over θ, or one
-    /// flagged before, changes. Only such slots take this path.
+    /// Max difference: slots drifting more than this are listed for the next backup.
+    #[inline]
+    fn write_threshold(&self) -> f64 {
+        self.theta * WRITE_FRACTION
+    }
+
+    /// Keeps the list of slots over the write threshold and its maximum exact when
+    /// a listed slot, or one crossing the threshold, changes. Only such slots take
+    /// this path, and a growing drift (a counter) costs O(1): the maximum is
+    /// searched again only when the slot that held it shrinks.
     #[cold]
-    fn update_over(&mut self, index: u32, drift: f64) {
+    fn update_over(&mut self, index: u32, old_drift: f64, drift: f64) {
         let flagged = self.flags[index as usize] & OVER != 0;
-        if drift > self.theta {
+        let held_max = flagged && old_drift >= self.over_max;
+        if drift > self.write_threshold() {
             if !flagged {
                 self.flags[index as usize] |= OVER;
                 self.over.push(index);
@@ -165,11 +180,13 @@ impl DriftSlots {
                 return;
             }
         } else {
-            // Moved back within θ: no backup owes it any more.
+            // Moved back within the threshold: no backup owes it any more.
             self.flags[index as usize] &= !OVER;
             self.over.retain(|&i| i != index);
         }
-        self.over_max = self.largest_over_drift();
+        if held_max {
+            self.over_max = self.largest_over_drift();
+        }
     }
 
     fn largest_over_drift(&self) -> f64 {
@@ -194,7 +211,7 @@ impl DriftSlots {
             Norm::L2 => self.sum.max(0.0).sqrt(),
             Norm::Max => {
                 if self.over.is_empty() {
-                    self.running_max.min(self.theta)
+                    self.running_max.min(self.write_threshold())
                 } else {
                     self.over_max
                 }
@@ -214,18 +231,19 @@ impl DriftSlots {
         }
         self.over.clear();
         self.over_max = 0.0;
+        let threshold = self.write_threshold();
         for index in 0..self.slots.len() {
             let slot = self.slots[index];
             let drift = (slot.live - slot.backed).abs();
-            if drift > theta {
-                self.update_over(index as u32, drift);
+            if drift > threshold {
+                self.update_over(index as u32, 0.0, drift);
             }
         }
     }
 
     /// Snapshots the entries a backup must write and returns their slot indices and
-    /// values. `Drifted` holds what the divergence counts (for the max difference only
-    /// the slots over θ); `Complete` holds every slot that differs from the backup, so
+    /// values. `Drifted` holds what the divergence counts (for the max difference
+    /// the slots over θ/2, see `WRITE_FRACTION`); `Complete` holds every slot that differs from the backup, so
     /// that after its acknowledgement the backup equals the state at this moment.
     pub fn backup(&mut self, seq: u64, scope: BackupScope) -> &[(u32, f64)] {
         let mut values = Vec::new();
@@ -322,7 +340,7 @@ impl DriftSlots {
                 let drift = (live - value).abs();
                 // A value that moved back after the snapshot can drift again.
                 self.running_max = self.running_max.max(drift);
-                if drift > self.theta {
+                if drift > self.theta * WRITE_FRACTION {
                     *flags |= OVER;
                     if !self.over.contains(&index) {
                         self.over.push(index);
@@ -442,6 +460,29 @@ mod tests {
     }
 
     #[test]
+    fn a_max_norm_backup_writes_every_slot_over_half_theta() {
+        let mut slots = DriftSlots::new(Norm::Max, 4);
+        slots.set_theta(10.0);
+        slots.set(0, 6.0);
+        slots.set(1, 4.0);
+        slots.set(2, 11.0);
+        assert_eq!(slots.divergence(), 11.0);
+        assert_eq!(indices(slots.backup(1, BackupScope::Drifted)), vec![0, 2]);
+        slots.acknowledge(1);
+        assert!(slots.divergence() <= 5.0, "every drift left is at most θ/2");
+        // Growing counters keep the maximum exact without a rescan.
+        slots.add(1, 2.0);
+        slots.add(3, 7.0);
+        slots.add(3, 1.0);
+        assert_eq!(slots.divergence(), 8.0);
+        slots.add(3, -8.0);
+        assert_eq!(slots.divergence(), 6.0, "the slot that held the maximum shrank");
+        slots.add(3, 12.0);
+        assert_eq!(slots.divergence(), 12.0);
+        assert_eq!(indices(slots.backup(2, BackupScope::Drifted)), vec![1, 3]);
+    }
+
+    #[test]
     fn a_new_theta_rescans_which_max_norm_slots_are_over_it() {
         let mut slots = DriftSlots::new(Norm::Max, 3);
         slots.set_theta(100.0);
@@ -451,7 +492,11 @@ mod tests {
         slots.acknowledge(1);
         slots.set_theta(5.0);
         assert_eq!(slots.divergence(), 10.0, "exact once over θ");
-        assert_eq!(indices(slots.backup(2, BackupScope::Drifted)), vec![1]);
+        assert_eq!(
+            indices(slots.backup(2, BackupScope::Drifted)),
+            vec![1, 2],
+            "a drifted backup writes every slot over θ/2 (3 > 2.5), not only those over θ"
+        );
         slots.fail(2);
         slots.set_theta(2.0);
         assert_eq!(indices(slots.backup(3, BackupScope::Drifted)), vec![1, 2]);
