@@ -77,8 +77,8 @@ fn pipeline(config: &Config, topic: &str, mode: ModeName, run_id: usize) -> Pipe
     config.pipeline.fault_tolerance.mode = mode;
     let stop = AtomicBool::new(false);
     let report = run(&config, &stop, RunOptions { stop_at_end: true }).unwrap_or_else(|e| panic!("afstream run: {e}"));
-    // Steady state: up to the clean stop, whose final complete backup (every key
-    // once) is a one-off that a short run would otherwise count per item.
+    // Changelog records up to the clean stop, whose final complete backup (every
+    // key once) is a one-off that a short run would otherwise count per item.
     let items: u64 = report.tasks.iter().map(|t| t.before_stop.items).sum();
     let records: u64 = report
         .tasks
@@ -87,7 +87,8 @@ fn pipeline(config: &Config, topic: &str, mode: ModeName, run_id: usize) -> Pipe
         .sum();
     let stalls: u64 = report.tasks.iter().map(|t| t.before_stop.stalls).sum();
     PipelineRun {
-        items_per_s: items as f64 / report.processing.as_secs_f64().max(1e-9),
+        // End to end: until every output is acknowledged and the state is durable.
+        items_per_s: items as f64 / (report.processing + report.stop).as_secs_f64().max(1e-9),
         stop_seconds: report.stop.as_secs_f64(),
         changelog_per_item: records as f64 / items.max(1) as f64,
         stall_share: stalls as f64 / items.max(1) as f64,

@@ -33,6 +33,9 @@ use crate::core::{
 
 /// Records a task takes from its partition queue at a time.
 const POLL_BATCH: usize = 500;
+/// The shortest and longest sleep of an idle loop round.
+const IDLE_WAIT_MIN: Duration = Duration::from_micros(100);
+const IDLE_WAIT_MAX: Duration = Duration::from_millis(5);
 /// How long a clean stop may take before the process gives up on it.
 const STOP_DEADLINE: Duration = Duration::from_secs(30);
 
@@ -243,6 +246,7 @@ fn send(
 /// The Kafka side of one task, handed to its driver for one call.
 struct KafkaIo<'a, O> {
     producer: &'a BaseProducer<DeliveryReports>,
+    changelog_producer: &'a BaseProducer<DeliveryReports>,
     consumer: &'a BaseConsumer<GroupContext>,
     topics: &'a Topics,
     partition: i32,
@@ -262,7 +266,7 @@ impl<O> KafkaIo<'_, O> {
         if let Some(value) = &entry.value {
             record = record.payload(&value[..]);
         }
-        send(self.producer, record)
+        send(self.changelog_producer, record)
     }
 }
 
@@ -337,6 +341,7 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
 struct Shared<'a> {
     group: String,
     producer: &'a BaseProducer<DeliveryReports>,
+    changelog_producer: &'a BaseProducer<DeliveryReports>,
     consumer: &'a BaseConsumer<GroupContext>,
     topics: &'a Topics,
 }
@@ -407,6 +412,7 @@ impl<O: ServiceOperator> Task<O> {
     ) -> KafkaIo<'a, O> {
         KafkaIo {
             producer: shared.producer,
+            changelog_producer: shared.changelog_producer,
             consumer: shared.consumer,
             topics: shared.topics,
             partition,
@@ -697,11 +703,24 @@ pub fn run_pipeline<O: ServiceOperator>(
         );
     }
 
+    // Outputs linger a little to batch; backups and markers go out at once, since
+    // input waits on their round trips (entries, then the marker) once l items
+    // are past the last marker. Separate producers keep each order: the
+    // changelog's within its partition, outputs' per key.
     let producer: BaseProducer<DeliveryReports> = client_config(
         kafka,
         &[
             ("enable.idempotence", "true"),
             ("linger.ms", "5"),
+            ("compression.type", "lz4"),
+        ],
+    )
+    .create_with_context(DeliveryReports::default())?;
+    let changelog_producer: BaseProducer<DeliveryReports> = client_config(
+        kafka,
+        &[
+            ("enable.idempotence", "true"),
+            ("linger.ms", "0"),
             ("compression.type", "lz4"),
         ],
     )
@@ -739,6 +758,7 @@ pub fn run_pipeline<O: ServiceOperator>(
     let shared = Shared {
         group: kafka.group_id.clone(),
         producer: &producer,
+        changelog_producer: &changelog_producer,
         consumer: &consumer,
         topics: &topics,
     };
@@ -749,15 +769,21 @@ pub fn run_pipeline<O: ServiceOperator>(
     let mut first_task: Option<Instant> = None;
     let mut before_stop: BTreeMap<i32, DriverStats> = BTreeMap::new();
     let mut worked = true;
+    let mut idle_rounds: u32 = 0;
     loop {
-        let now_ms = started.elapsed().as_millis() as u64;
-        let wait = if worked {
-            Duration::ZERO
+        // Nothing happened last round: back off from 100 µs to 5 ms. Input waiting
+        // on an acknowledgement resumes within a fraction of a millisecond of it
+        // (the producer's and the partitions' queues cannot be waited on
+        // together), and an idle service wakes 200 times a second.
+        if worked {
+            idle_rounds = 0;
         } else {
-            Duration::from_millis(5)
-        };
+            idle_rounds = idle_rounds.saturating_add(1);
+            std::thread::sleep(IDLE_WAIT_MIN.saturating_mul(1 << idle_rounds.min(6)).min(IDLE_WAIT_MAX));
+        }
+        let now_ms = started.elapsed().as_millis() as u64;
         worked = false;
-        let message = consumer.poll(wait);
+        let message = consumer.poll(Duration::ZERO);
         let context = consumer.context();
         if let Some(failure) = context.failure.lock().ok().and_then(|mut f| f.take()) {
             return Err(ServiceError::Rebalance(failure));
@@ -804,7 +830,9 @@ pub fn run_pipeline<O: ServiceOperator>(
             worked |= task.step(&shared, now_ms, stopping.is_some());
         }
         producer.poll(Duration::ZERO);
+        changelog_producer.poll(Duration::ZERO);
         producer.context().drain_into(&mut events);
+        changelog_producer.context().drain_into(&mut events);
         for event in events.drain(..) {
             worked = true;
             let partition = match event.delivery {
@@ -889,9 +917,11 @@ pub fn run_pipeline<O: ServiceOperator>(
         Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
         Err(e) => return Err(ServiceError::Stop(format!("committing the group's offsets: {e}"))),
     }
-    producer
-        .flush(REQUEST_TIMEOUT)
-        .map_err(|e| ServiceError::Stop(format!("flushing the producer: {e}")))?;
+    for producer in [&producer, &changelog_producer] {
+        producer
+            .flush(REQUEST_TIMEOUT)
+            .map_err(|e| ServiceError::Stop(format!("flushing a producer: {e}")))?;
+    }
     consumer.unsubscribe();
     Ok(report)
 }
