@@ -15,7 +15,12 @@
 //!   marker, so the changelog after its last marker holds at most one
 //!   incomplete backup. A trigger that arrives while a backup is open waits for
 //!   it; the later backup then covers more items (an every-change changelog
-//!   coalesced per round trip, never more records than one).
+//!   coalesced per round trip, never more records than one). A backup is
+//!   taken when issued, but its entries go out only once every output of the
+//!   items it covers is acknowledged: the incomplete backup a crash leaves after
+//!   the last marker is restored, and it must never carry the effect of an
+//!   output that may be lost (a flow marked reported whose report never arrived
+//!   would never be reported).
 //! * **Markers.** A backup's marker (input offset P, sequence, k, thresholds) is
 //!   written once the backup's entries are acknowledged and every output of the
 //!   items before P is acknowledged: a marker never covers a lost output, and a
@@ -66,9 +71,16 @@ pub struct Position {
 /// What the task must do next.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
-    /// Take backup `seq` of the operator with this scope and write its entries to
-    /// the changelog; report whether the write was acknowledged.
+    /// Take backup `seq` of the operator with this scope now, and hold its
+    /// entries until [`Action::SendBackup`].
     Backup { seq: u64, scope: BackupScope },
+    /// Write backup `seq`'s entries to the changelog; report whether the write was
+    /// acknowledged. Comes once every output of the items the backup covers is
+    /// acknowledged: the log after the last marker may hold this backup when a
+    /// task crashes, and a state restored from it must never hold the effect of an
+    /// output that could still be lost (a heavy hitter marked reported whose
+    /// report never reached the broker would never be reported).
+    SendBackup { seq: u64 },
     /// Write this marker to the changelog after every record written before it;
     /// report whether it was acknowledged.
     Marker(BackupMarker),
@@ -109,6 +121,8 @@ struct OpenBackup {
     seq: u64,
     covers: Position,
     scope: BackupScope,
+    /// Its entries went out (the outputs before it were acknowledged).
+    sent: bool,
     written: bool,
     clean: bool,
 }
@@ -468,10 +482,23 @@ impl TaskController {
             seq,
             covers: self.processed,
             scope,
+            sent: false,
             written: false,
             clean,
         });
         actions.push(Action::Backup { seq, scope });
+        self.send_when_outputs_done(actions);
+    }
+
+    /// Sends the open backup's entries once the outputs before it are acknowledged.
+    fn send_when_outputs_done(&mut self, actions: &mut Vec<Action>) {
+        let Some(open) = self.open else { return };
+        if !open.sent && self.outputs_done_before(open.covers) {
+            if let Some(open) = self.open.as_mut() {
+                open.sent = true;
+            }
+            actions.push(Action::SendBackup { seq: open.seq });
+        }
     }
 
     fn send_marker(&mut self, covers: Position, clean: bool, actions: &mut Vec<Action>) {
@@ -496,6 +523,7 @@ impl TaskController {
     /// Writes the open backup's marker once its entries and the outputs before it
     /// are acknowledged, then issues a backup that waited for it.
     fn advance(&mut self, actions: &mut Vec<Action>) {
+        self.send_when_outputs_done(actions);
         if let Some(open) = self.open {
             if !(open.written && self.outputs_done_before(open.covers)) {
                 return;

@@ -83,7 +83,10 @@ pub struct TaskDriver<O: Operator> {
     operator: O,
     controller: TaskController,
     actions: Vec<Action>,
+    /// The entries of the open backup, held from its snapshot until they may go
+    /// out (`held` is its sequence number).
     entries: Vec<BackupEntry>,
+    held: Option<u64>,
     outputs: Vec<O::Output>,
     stats: DriverStats,
     faults: DriverFaults,
@@ -118,6 +121,7 @@ impl<O: Operator> TaskDriver<O> {
             controller,
             actions,
             entries: Vec::new(),
+            held: None,
             outputs: Vec::new(),
             stats: DriverStats::default(),
             faults: DriverFaults::default(),
@@ -254,7 +258,13 @@ impl<O: Operator> TaskDriver<O> {
                     self.stats.backups += 1;
                     self.stats.backup_entries += self.entries.len() as u64;
                     self.stats.backup_bytes += self.entries.iter().map(|e| e.encoded_len() as u64).sum::<u64>();
-                    io.write_backup(seq, &self.entries);
+                    self.held = Some(seq);
+                }
+                Action::SendBackup { seq } => {
+                    if self.held == Some(seq) {
+                        self.held = None;
+                        io.write_backup(seq, &self.entries);
+                    }
                 }
                 Action::Marker(marker) => {
                     self.stats.markers += 1;

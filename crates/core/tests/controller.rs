@@ -475,3 +475,36 @@ fn the_state_a_task_reports() {
     assert_eq!(none.recovery_bound(), None, "mode none claims no bound");
     assert_eq!(none.operator_theta(), f64::INFINITY);
 }
+
+#[test]
+fn a_backups_entries_go_out_only_after_the_outputs_it_covers_are_acknowledged() {
+    // Θ = 20 → θ = 10; each item makes one output.
+    let mut c = running(config(Mode::Approximate, 20.0, 1000, 100));
+    let mut actions = Vec::new();
+    c.item_processed(0, 1, 5.0, 0, &mut actions);
+    c.item_processed(1, 1, 11.0, 0, &mut actions);
+    let issued = backups(&actions);
+    assert_eq!(issued.len(), 1, "θ crossed: {actions:?}");
+    let seq = issued[0].0;
+    let sent = |actions: &[Action]| actions.contains(&Action::SendBackup { seq });
+    assert!(
+        !sent(&actions),
+        "the outputs of items 0 and 1 are in flight: {actions:?}"
+    );
+    actions.clear();
+    c.outputs_acknowledged(0, 1, &mut actions);
+    assert!(!sent(&actions), "item 1's output is still in flight: {actions:?}");
+    // An item after the backup does not hold it back.
+    c.item_processed(2, 1, 12.0, 0, &mut actions);
+    c.outputs_acknowledged(1, 1, &mut actions);
+    assert!(
+        sent(&actions),
+        "every output the backup covers is acknowledged: {actions:?}"
+    );
+    assert!(
+        markers(&actions).is_empty(),
+        "the marker waits for the entries: {actions:?}"
+    );
+    let acks = complete_backup(&mut c, seq);
+    assert_eq!(commits(&acks), vec![2], "the marker covers items 0 and 1");
+}
