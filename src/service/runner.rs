@@ -636,6 +636,22 @@ impl<O: ServiceOperator> Task<O> {
     }
 }
 
+/// An idempotent producer whose delivery reports carry a packed [`Delivery`].
+fn idempotent_producer(
+    kafka: &super::config::KafkaConfig,
+    linger_ms: &str,
+) -> Result<BaseProducer<DeliveryReports>, KafkaError> {
+    client_config(
+        kafka,
+        &[
+            ("enable.idempotence", "true"),
+            ("linger.ms", linger_ms),
+            ("compression.type", "lz4"),
+        ],
+    )
+    .create_with_context(DeliveryReports::default())
+}
+
 /// Runs the pipeline until `stop` is set (then stops cleanly) or, with
 /// `stop_at_end`, until every partition is processed to its end.
 pub fn run_pipeline<O: ServiceOperator>(
@@ -707,24 +723,8 @@ pub fn run_pipeline<O: ServiceOperator>(
     // input waits on their round trips (entries, then the marker) once l items
     // are past the last marker. Separate producers keep each order: the
     // changelog's within its partition, outputs' per key.
-    let producer: BaseProducer<DeliveryReports> = client_config(
-        kafka,
-        &[
-            ("enable.idempotence", "true"),
-            ("linger.ms", "5"),
-            ("compression.type", "lz4"),
-        ],
-    )
-    .create_with_context(DeliveryReports::default())?;
-    let changelog_producer: BaseProducer<DeliveryReports> = client_config(
-        kafka,
-        &[
-            ("enable.idempotence", "true"),
-            ("linger.ms", "0"),
-            ("compression.type", "lz4"),
-        ],
-    )
-    .create_with_context(DeliveryReports::default())?;
+    let producer = idempotent_producer(kafka, "5")?;
+    let changelog_producer = idempotent_producer(kafka, "0")?;
     let context = GroupContext {
         input_topic: topics.input.clone(),
         loader: ChangelogLoader::new(kafka, &topics.changelog)?,
