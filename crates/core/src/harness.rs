@@ -131,6 +131,9 @@ struct Due<T> {
     what: T,
 }
 
+/// Delivered outputs with the offset of their item.
+pub type Delivered<Out> = Vec<(u64, Out)>;
+
 /// The simulated broker: what the driver's writes do.
 struct SimBroker<Out> {
     rng: StdRng,
@@ -565,7 +568,17 @@ where
 
     /// Runs the whole stream, crashing where the options say, and stops cleanly at
     /// the end.
-    pub fn run(mut self, stream: &[O::Input]) -> Result<(O, SimulationReport), CoreError> {
+    pub fn run(self, stream: &[O::Input]) -> Result<(O, SimulationReport), CoreError> {
+        self.run_with_outputs(stream)
+            .map(|(operator, report, _)| (operator, report))
+    }
+
+    /// Like [`SimulatedTask::run`], also returning every delivered output with the
+    /// offset of its item.
+    pub fn run_with_outputs(
+        mut self,
+        stream: &[O::Input],
+    ) -> Result<(O, SimulationReport, Delivered<O::Output>), CoreError> {
         let mut crashes: VecDeque<u64> = self.options.crash_after.iter().copied().collect();
         let mut stopping = false;
         let end = stream.len() as u64;
@@ -640,7 +653,8 @@ where
         self.add_totals();
         self.report.changelog_records = self.broker.changelog_records;
         self.report.outputs_delivered = self.broker.sink.len() as u64;
-        Ok((self.driver.into_operator(), self.report))
+        let sink = std::mem::take(&mut self.broker.sink);
+        Ok((self.driver.into_operator(), self.report, sink))
     }
 }
 

