@@ -147,8 +147,11 @@ struct SimBroker<Out> {
     writes: VecDeque<Due<Write>>,
     outputs: Vec<Due<(u64, Out)>>,
     committed: Option<u64>,
-    /// Delivered outputs with the offset of their item.
+    /// Delivered outputs with the offset of their item, as of the last recovery
+    /// point.
     sink: Vec<(u64, Out)>,
+    /// Delivered outputs of items a recovery replayed.
+    replayed: Vec<(u64, Out)>,
     changelog_records: u64,
     acks: Vec<Ack>,
 }
@@ -383,6 +386,7 @@ where
             outputs: Vec::new(),
             committed: None,
             sink: Vec::new(),
+            replayed: Vec::new(),
             changelog_records: 0,
             acks: Vec::new(),
         };
@@ -507,8 +511,13 @@ where
                 });
             }
         }
-        // Outputs of items that will be replayed are made again: forget them.
-        self.broker.sink.retain(|(offset, _)| *offset < plan.resume_offset);
+        // Outputs of items that will be replayed are made again: set them aside,
+        // so the sink compares with a failure-free run (they stay delivered).
+        let (kept, replayed): (Vec<_>, Vec<_>) = std::mem::take(&mut self.broker.sink)
+            .into_iter()
+            .partition(|(offset, _)| *offset < plan.resume_offset);
+        self.broker.sink = kept;
+        self.broker.replayed.extend(replayed);
 
         let bound = if self.config.mode == Mode::None {
             f64::INFINITY
@@ -573,8 +582,8 @@ where
             .map(|(operator, report, _)| (operator, report))
     }
 
-    /// Like [`SimulatedTask::run`], also returning every delivered output with the
-    /// offset of its item.
+    /// Like [`SimulatedTask::run`], also returning every output ever delivered
+    /// with the offset of its item (those of replayed items included).
     pub fn run_with_outputs(
         mut self,
         stream: &[O::Input],
@@ -653,8 +662,9 @@ where
         self.add_totals();
         self.report.changelog_records = self.broker.changelog_records;
         self.report.outputs_delivered = self.broker.sink.len() as u64;
-        let sink = std::mem::take(&mut self.broker.sink);
-        Ok((self.driver.into_operator(), self.report, sink))
+        let mut delivered = std::mem::take(&mut self.broker.sink);
+        delivered.append(&mut self.broker.replayed);
+        Ok((self.driver.into_operator(), self.report, delivered))
     }
 }
 

@@ -536,14 +536,7 @@ fn reported_but_never_delivered(config: ControllerConfig, seeds: std::ops::Range
 /// A restored state never holds the effect of an output that may be lost: a
 /// backup's entries go out only after the outputs of the items they cover are
 /// acknowledged, so every flow the state marks reported was delivered.
-///
-/// Ignored: with 20 crashes a run, seed 12 still ends with one flow marked
-/// reported and never delivered (reported at offset 662, crash at 664, resumed
-/// at 662), a path the entries-after-outputs rule does not cover yet; under
-/// investigation (issue 12). Without that rule several seeds (2 and 3 among them)
-/// lose reports; the broker test of heavy hitters passes with it.
 #[test]
-#[ignore = "seed 12 loses one report through a path not yet found; see the doc comment"]
 fn a_flow_marked_reported_was_delivered_through_crashes() {
     let build = || HeavyHitters::new(HeavyHitterConfig::default()).unwrap();
     let honest = controller(&build(), Mode::Approximate, 5_000.0, 64, 64);
