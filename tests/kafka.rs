@@ -401,6 +401,17 @@ fn metrics_show_progress_thresholds_and_starts() {
     assert!(value("afstream_items_past_marker", &[]) <= 500.0);
     // The divergence may pass θ while a backup is in flight; it is there and finite.
     assert!(value("afstream_divergence", &[]).is_finite());
+    // librdkafka's statistics come every 5 s: the lag behind the committed
+    // offset, which trails the last marker by less than the window.
+    let mut lag = None;
+    service.wait_until(RUN_DEADLINE, "afstream_consumer_lag on /metrics", || {
+        lag = common::scrape(port).and_then(|t| common::metric(&t, "afstream_consumer_lag", &[]));
+        lag.is_some()
+    });
+    assert!(
+        lag.is_some_and(|lag| (0.0..=500.0).contains(&lag)),
+        "consumer lag {lag:?}"
+    );
     let status = service.terminate(Duration::from_secs(60));
     assert!(status.success(), "clean stop failed ({status})");
 }

@@ -190,6 +190,11 @@ impl TaskMetrics {
         gauge!("afstream_recovery_error_bound", &labels).set(plan.introduced.state);
     }
 
+    /// Records a partition's lag from the client's statistics.
+    pub fn consumer_lag(group: &str, partition: i32, lag: f64) {
+        gauge!("afstream_consumer_lag", "group" => group.to_string(), "partition" => partition.to_string()).set(lag);
+    }
+
     pub fn outputs_acknowledged(&self, count: u64) {
         self.outputs_acknowledged.increment(count);
     }

@@ -14,6 +14,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Reb
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
@@ -89,6 +90,7 @@ struct Assigned {
 /// and start it at its recovery point before it is assigned, so no record is
 /// fetched from anywhere else.
 struct GroupContext {
+    group: String,
     input_topic: String,
     loader: ChangelogLoader,
     controller: ControllerConfig,
@@ -97,7 +99,20 @@ struct GroupContext {
     failure: Mutex<Option<String>>,
 }
 
-impl ClientContext for GroupContext {}
+impl ClientContext for GroupContext {
+    /// librdkafka's statistics (with `statistics.interval.ms`): the lag of each
+    /// assigned partition behind its committed offset, which follows the markers.
+    fn stats(&self, statistics: Statistics) {
+        let Some(topic) = statistics.topics.get(&self.input_topic) else {
+            return;
+        };
+        for (partition, stats) in &topic.partitions {
+            if *partition >= 0 && stats.consumer_lag >= 0 {
+                TaskMetrics::consumer_lag(&self.group, *partition, stats.consumer_lag as f64);
+            }
+        }
+    }
+}
 
 impl GroupContext {
     fn fail(&self, message: String) {
@@ -726,6 +741,7 @@ pub fn run_pipeline<O: ServiceOperator>(
     let producer = idempotent_producer(kafka, "5")?;
     let changelog_producer = idempotent_producer(kafka, "0")?;
     let context = GroupContext {
+        group: kafka.group_id.clone(),
         input_topic: topics.input.clone(),
         loader: ChangelogLoader::new(kafka, &topics.changelog)?,
         controller,
@@ -745,6 +761,11 @@ pub fn run_pipeline<O: ServiceOperator>(
                 ("auto.offset.reset", "earliest"),
                 ("session.timeout.ms", "6000"),
                 ("heartbeat.interval.ms", "1500"),
+                // Consumer lag for the metrics; parsed only when they are served.
+                (
+                    "statistics.interval.ms",
+                    if config.metrics.is_some() { "5000" } else { "0" },
+                ),
             ],
         )
         .create_with_context(context)?,
