@@ -50,8 +50,13 @@ pub fn client_config(kafka: &KafkaConfig, defaults: &[(&str, &str)]) -> ClientCo
 
 /// The number of partitions of `topic`, or `None` if it does not exist.
 pub fn partition_count(kafka: &KafkaConfig, topic: &str) -> Result<Option<usize>, KafkaSetupError> {
-    let consumer: BaseConsumer = client_config(kafka, &[]).create()?;
-    let metadata = consumer.fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
+    let client: BaseConsumer = client_config(kafka, &[]).create()?;
+    partitions_of(&client, topic)
+}
+
+/// [`partition_count`] through a client already open.
+fn partitions_of(client: &BaseConsumer, topic: &str) -> Result<Option<usize>, KafkaSetupError> {
+    let metadata = client.fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
     Ok(metadata
         .topics()
         .iter()
@@ -70,9 +75,10 @@ pub struct TopicSpec<'a> {
 /// Creates the topics that are missing and checks that the others have at least
 /// the partitions asked for.
 pub fn ensure_topics(kafka: &KafkaConfig, topics: &[TopicSpec<'_>]) -> Result<(), KafkaSetupError> {
+    let client: BaseConsumer = client_config(kafka, &[]).create()?;
     let mut missing = Vec::new();
     for topic in topics {
-        match partition_count(kafka, topic.name)? {
+        match partitions_of(&client, topic.name)? {
             Some(found) if found < topic.partitions => {
                 return Err(KafkaSetupError::Topic {
                     topic: topic.name.to_string(),
@@ -119,7 +125,7 @@ pub fn ensure_topics(kafka: &KafkaConfig, topics: &[TopicSpec<'_>]) -> Result<()
     // Metadata propagates asynchronously: wait until every new topic is visible.
     let deadline = Instant::now() + REQUEST_TIMEOUT;
     for topic in missing {
-        while partition_count(kafka, topic.name)?.is_none() {
+        while partitions_of(&client, topic.name)?.is_none() {
             if Instant::now() > deadline {
                 return Err(KafkaSetupError::Topic {
                     topic: topic.name.to_string(),
@@ -302,6 +308,15 @@ impl Delivery {
         };
         let partition = (partition as u64) & ((1 << PARTITION_BITS) - 1);
         ((kind << (VALUE_BITS + PARTITION_BITS)) | (partition << VALUE_BITS) | (value & Self::MAX_VALUE)) as usize
+    }
+
+    /// The input partition whose task the record belongs to.
+    pub fn partition(self) -> i32 {
+        match self {
+            Delivery::Output { partition, .. }
+            | Delivery::BackupRecord { partition, .. }
+            | Delivery::Marker { partition, .. } => partition,
+        }
     }
 
     pub fn unpack(packed: usize) -> Self {

@@ -32,6 +32,9 @@ use crate::core::{
     TaskDriver, TaskIo, ThresholdPolicy,
 };
 
+/// Where a partition with no marker and no committed offset starts (the
+/// consumer's `auto.offset.reset = earliest` moves it past a deleted head).
+const START_OFFSET: u64 = 0;
 /// Records a task takes from its partition queue at a time.
 const POLL_BATCH: usize = 500;
 /// The shortest and longest sleep of an idle loop round.
@@ -150,7 +153,7 @@ impl GroupContext {
                 self.controller.mode,
                 changelog.marker.as_ref(),
                 committed,
-                0,
+                START_OFFSET,
                 self.controller.constants,
             );
             tpl.set_partition_offset(&self.input_topic, partition, Offset::Offset(plan.resume_offset as i64))
@@ -260,10 +263,7 @@ fn send(
 
 /// The Kafka side of one task, handed to its driver for one call.
 struct KafkaIo<'a, O> {
-    producer: &'a BaseProducer<DeliveryReports>,
-    changelog_producer: &'a BaseProducer<DeliveryReports>,
-    consumer: &'a BaseConsumer<GroupContext>,
-    topics: &'a Topics,
+    shared: &'a Shared<'a>,
     partition: i32,
     flight: &'a mut Flight,
     key: &'a mut Vec<u8>,
@@ -275,13 +275,13 @@ impl<O> KafkaIo<'_, O> {
     /// Sends one record to this task's changelog partition (a tombstone when
     /// the entry has no value).
     fn send_to_changelog(&self, entry: &BackupEntry, delivery: Delivery) -> Result<(), KafkaError> {
-        let mut record = BaseRecord::with_opaque_to(&self.topics.changelog, delivery.pack())
+        let mut record = BaseRecord::with_opaque_to(&self.shared.topics.changelog, delivery.pack())
             .partition(self.partition)
             .key(&entry.key[..]);
         if let Some(value) = &entry.value {
             record = record.payload(&value[..]);
         }
-        send(self.changelog_producer, record)
+        send(self.shared.changelog_producer, record)
     }
 }
 
@@ -292,13 +292,13 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
             partition: self.partition,
             offset: item_offset,
         };
-        let record = BaseRecord::with_opaque_to(&self.topics.output, delivery.pack())
+        let record = BaseRecord::with_opaque_to(&self.shared.topics.output, delivery.pack())
             .key(self.key.as_slice())
             .payload(self.value.as_slice());
-        if let Err(error) = send(self.producer, record) {
+        if let Err(error) = send(self.shared.producer, record) {
             self.flight.fatal.get_or_insert(format!(
                 "producing an output to {} (input partition {}, offset {item_offset}): {error}",
-                self.topics.output, self.partition
+                self.shared.topics.output, self.partition
             ));
         }
     }
@@ -340,8 +340,8 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
     fn commit(&mut self, offset: u64) {
         let mut tpl = TopicPartitionList::new();
         let stored = tpl
-            .add_partition_offset(&self.topics.input, self.partition, Offset::Offset(offset as i64))
-            .and_then(|()| self.consumer.store_offsets(&tpl));
+            .add_partition_offset(&self.shared.topics.input, self.partition, Offset::Offset(offset as i64))
+            .and_then(|()| self.shared.consumer.store_offsets(&tpl));
         if let Err(error) = stored {
             tracing::warn!(partition = self.partition, offset, %error, "storing the group's offset");
         }
@@ -415,6 +415,8 @@ struct Task<O: ServiceOperator> {
     key: Vec<u8>,
     value: Vec<u8>,
     metrics: TaskMetrics,
+    /// The driver's figures when the clean stop began.
+    before_stop: Option<DriverStats>,
 }
 
 impl<O: ServiceOperator> Task<O> {
@@ -426,10 +428,7 @@ impl<O: ServiceOperator> Task<O> {
         value: &'a mut Vec<u8>,
     ) -> KafkaIo<'a, O> {
         KafkaIo {
-            producer: shared.producer,
-            changelog_producer: shared.changelog_producer,
-            consumer: shared.consumer,
-            topics: shared.topics,
+            shared,
             partition,
             flight,
             key,
@@ -455,7 +454,7 @@ impl<O: ServiceOperator> Task<O> {
             operator,
             &assigned.changelog,
             assigned.committed,
-            0,
+            START_OFFSET,
             now_ms,
             &mut io,
         )
@@ -516,6 +515,7 @@ impl<O: ServiceOperator> Task<O> {
             key,
             value,
             metrics: TaskMetrics::new(&shared.group, assigned.partition),
+            before_stop: None,
         })
     }
 
@@ -645,6 +645,7 @@ impl<O: ServiceOperator> Task<O> {
     }
 
     fn begin_stop(&mut self, shared: &Shared<'_>) {
+        self.before_stop = Some(self.driver.stats());
         let mut io = Self::io(shared, self.partition, &mut self.flight, &mut self.key, &mut self.value);
         self.driver.begin_stop(&mut io);
         self.settle(shared);
@@ -788,7 +789,6 @@ pub fn run_pipeline<O: ServiceOperator>(
     let mut events: Vec<DeliveryEvent> = Vec::new();
     let mut stopping: Option<Instant> = None;
     let mut first_task: Option<Instant> = None;
-    let mut before_stop: BTreeMap<i32, DriverStats> = BTreeMap::new();
     let mut worked = true;
     let mut idle_rounds: u32 = 0;
     loop {
@@ -856,12 +856,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         changelog_producer.context().drain_into(&mut events);
         for event in events.drain(..) {
             worked = true;
-            let partition = match event.delivery {
-                Delivery::Output { partition, .. }
-                | Delivery::BackupRecord { partition, .. }
-                | Delivery::Marker { partition, .. } => partition,
-            };
-            if let Some(task) = tasks.get_mut(&partition) {
+            if let Some(task) = tasks.get_mut(&event.delivery.partition()) {
                 task.delivered(&shared, event);
             }
         }
@@ -882,7 +877,6 @@ pub fn run_pipeline<O: ServiceOperator>(
                 "stopping cleanly: final backups, markers and commits"
             );
             for task in tasks.values_mut() {
-                before_stop.insert(task.partition, task.driver.stats());
                 task.begin_stop(&shared);
             }
             stopping = Some(Instant::now());
@@ -917,7 +911,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         report.tasks.push(TaskReport {
             partition: task.partition,
             stats,
-            before_stop: before_stop.get(&task.partition).copied().unwrap_or(stats),
+            before_stop: task.before_stop.unwrap_or(stats),
             undecodable: task.batch.undecodable,
         });
         tracing::info!(

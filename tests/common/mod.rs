@@ -123,9 +123,14 @@ impl Broker {
     /// Records in `topic` now, over all partitions.
     pub fn record_count(&self, topic: &str) -> i64 {
         let consumer: BaseConsumer = self.client().create().expect("create a client");
-        let partitions = partition_count(&self.kafka(), topic)
-            .expect("read the topic's metadata")
-            .unwrap_or(0);
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .expect("read the topic's metadata");
+        let partitions = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .map_or(0, |t| t.partitions().len());
         (0..partitions as i32)
             .map(|p| {
                 consumer

@@ -132,6 +132,24 @@ fn within(observed: f64, bound: f64) -> bool {
     observed <= bound * (1.0 + 1e-9) + 1e-9
 }
 
+/// Runs the stream with and without the failures: the final states differ by
+/// at most the summed bound of the failures.
+fn final_drift_within_bound<O>(
+    build: &dyn Fn() -> O,
+    config: ControllerConfig,
+    stream: &[O::Input],
+    failures: &Failures,
+) -> Result<(), TestCaseError>
+where
+    O: Operator + Clone + 'static,
+    O::Output: Clone,
+{
+    let (failed, clean, bound) = run_both(build, config, stream, failures);
+    let observed = failed.distance(&clean);
+    prop_assert!(within(observed, bound), "final drift {observed} over bound {bound}");
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(config())]
 
@@ -147,9 +165,7 @@ proptest! {
         let config = HeavyHitterConfig { max_weight: 1500, threshold: HitterThreshold::Bytes(50_000.0), ..Default::default() };
         let build = move || HeavyHitters::new(config).unwrap();
         let cfg = controller(&build(), Mode::Approximate, theta, items, outputs);
-        let (failed, clean, bound) = run_both(&build, cfg, &stream, &failures);
-        let observed = failed.distance(&clean);
-        prop_assert!(within(observed, bound), "final drift {observed} over bound {bound}");
+        final_drift_within_bound(&build, cfg, &stream, &failures)?;
     }
 
     #[test]
@@ -163,9 +179,7 @@ proptest! {
         let config = JoinConfig { sampling_rate: 0.3, emit_every: 50 };
         let build = move || OnlineJoin::new(config).unwrap();
         let cfg = controller(&build(), Mode::Approximate, theta, items, 16);
-        let (failed, clean, bound) = run_both(&build, cfg, &stream, &failures);
-        let observed = failed.distance(&clean);
-        prop_assert!(within(observed, bound), "final drift {observed} over bound {bound}");
+        final_drift_within_bound(&build, cfg, &stream, &failures)?;
     }
 
     #[test]
@@ -182,9 +196,7 @@ proptest! {
         let config = KeyedAggregationConfig { aggregate: Aggregate::Count, divergence, max_abs_value: 10.0 };
         let build = move || KeyedAggregation::new(config).unwrap();
         let cfg = controller(&build(), Mode::Approximate, theta, items, outputs);
-        let (failed, clean, bound) = run_both(&build, cfg, &stream, &failures);
-        let observed = failed.distance(&clean);
-        prop_assert!(within(observed, bound), "final drift {observed} over bound {bound}");
+        final_drift_within_bound(&build, cfg, &stream, &failures)?;
     }
 
     #[test]
@@ -209,9 +221,7 @@ proptest! {
         )
         .unwrap();
         let cfg = ControllerConfig::new(Mode::Approximate, policy, op.constants());
-        let (failed, clean, bound) = run_both(&build, cfg, &stream, &failures);
-        let observed = failed.distance(&clean);
-        prop_assert!(within(observed, bound), "final drift {observed} over bound {bound}");
+        final_drift_within_bound(&build, cfg, &stream, &failures)?;
     }
 
     #[test]
@@ -225,9 +235,7 @@ proptest! {
         let config = KeyedAggregationConfig { aggregate: Aggregate::Sum, divergence: afstream_core::Norm::L1, max_abs_value: 10.0 };
         let build = move || KeyedAggregation::new(config).unwrap();
         let cfg = controller(&build(), Mode::Approximate, theta, items, 8);
-        let (failed, clean, bound) = run_both(&build, cfg, &stream, &failures);
-        let observed = failed.distance(&clean);
-        prop_assert!(within(observed, bound), "final drift {observed} over bound {bound}");
+        final_drift_within_bound(&build, cfg, &stream, &failures)?;
     }
 
     #[test]
@@ -241,9 +249,7 @@ proptest! {
         let config = WordCountConfig { divergence: afstream_core::Norm::L1, max_words_per_line: 8 };
         let build = move || WordCount::new(config).unwrap();
         let cfg = controller(&build(), Mode::Approximate, theta, items, 32);
-        let (failed, clean, bound) = run_both(&build, cfg, &stream, &failures);
-        let observed = failed.distance(&clean);
-        prop_assert!(within(observed, bound), "final drift {observed} over bound {bound}");
+        final_drift_within_bound(&build, cfg, &stream, &failures)?;
     }
 
     #[test]
@@ -278,9 +284,7 @@ proptest! {
         let cfg = controller(&build(), mode, 1.0, 1, 1);
         // Exact at its markers; a crash during a backup applies at most two
         // intervals twice to the keys that backup wrote.
-        let (failed, clean, bound) = run_both(&build, cfg, &stream, &failures);
-        let observed = failed.distance(&clean);
-        prop_assert!(within(observed, bound), "final drift {observed} over bound {bound}");
+        final_drift_within_bound(&build, cfg, &stream, &failures)?;
     }
 
     #[test]
