@@ -89,7 +89,10 @@ impl<O: Operator> Engine<O> {
                     .iter()
                     .enumerate()
                     .map(|(i, item)| (first + i as u64, item));
-                let taken = self.driver.process(batch, 0, &mut self.io);
+                let taken = self
+                    .driver
+                    .process(batch, 0, &mut self.io)
+                    .expect("in-memory operators read no store");
                 done += taken;
                 self.next_offset += taken as u64;
                 self.deliver();

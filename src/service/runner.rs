@@ -611,9 +611,18 @@ impl<O: ServiceOperator> Task<O> {
                 .iter()
                 .copied()
                 .zip(&batch.inputs[batch.taken..batch.filled]);
-            let taken = self.driver.process(items, now_ms, &mut io);
-            batch.taken += taken;
-            worked |= taken > 0;
+            match self.driver.process(items, now_ms, &mut io) {
+                Ok(taken) => {
+                    batch.taken += taken;
+                    worked |= taken > 0;
+                }
+                Err(error) => {
+                    io.flight
+                        .fatal
+                        .get_or_insert(format!("reading the task's state: {error}"));
+                    return true;
+                }
+            }
             if !batch.is_drained() {
                 tracing::trace!(partition = self.partition, blocked = ?self.driver.readiness(), "input waits");
             }

@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::controller::{Action, Blocked, ControllerConfig, TaskController};
 use super::entry::BackupEntry;
 use super::error::CoreError;
-use super::operator::{Operator, Rejected};
+use super::operator::{Operator, ProcessError, Rejected};
 use super::recovery::{BackupMarker, ChangelogState, RecoveryPlan};
 
 /// What the driver needs from its surroundings. Every write is asynchronous: its
@@ -163,7 +163,11 @@ impl<O: Operator> TaskDriver<O> {
     /// Processes items from a poll batch, in offset order, until input must wait.
     /// Returns how many it took; the rest are for the next call, after the
     /// adapter has delivered acknowledgements.
-    pub fn process<'a, I>(&mut self, items: I, now_ms: u64, io: &mut impl TaskIo<O::Output>) -> usize
+    ///
+    /// An error means the operator's state could not be read: the task must stop.
+    /// Nothing of the failed item went out, and the adapter must not make
+    /// anything of it durable (no store write, no commit).
+    pub fn process<'a, I>(&mut self, items: I, now_ms: u64, io: &mut impl TaskIo<O::Output>) -> Result<usize, CoreError>
     where
         I: IntoIterator<Item = (u64, &'a O::Input)>,
         O::Input: 'a,
@@ -176,19 +180,32 @@ impl<O: Operator> TaskDriver<O> {
                 break;
             }
             let Some((offset, item)) = items.next() else { break };
-            self.process_one(offset, item, now_ms, io);
+            self.process_one(offset, item, now_ms, io)?;
             taken += 1;
         }
-        taken
+        Ok(taken)
     }
 
     #[inline]
-    fn process_one(&mut self, offset: u64, item: &O::Input, now_ms: u64, io: &mut impl TaskIo<O::Output>) {
+    fn process_one(
+        &mut self,
+        offset: u64,
+        item: &O::Input,
+        now_ms: u64,
+        io: &mut impl TaskIo<O::Output>,
+    ) -> Result<(), CoreError> {
         self.outputs.clear();
-        if let Err(reason) = self.operator.process(item, &mut self.outputs) {
-            self.stats.rejected += 1;
-            io.rejected(offset, &reason);
-            self.outputs.clear();
+        match self.operator.process(item, &mut self.outputs) {
+            Ok(()) => {}
+            Err(ProcessError::Rejected(reason)) => {
+                self.stats.rejected += 1;
+                io.rejected(offset, &reason);
+                self.outputs.clear();
+            }
+            Err(ProcessError::State(error)) => {
+                self.outputs.clear();
+                return Err(error);
+            }
         }
         self.stats.items += 1;
         let made = self.outputs.len() as u64;
@@ -201,6 +218,7 @@ impl<O: Operator> TaskDriver<O> {
         if !self.actions.is_empty() {
             self.execute(io);
         }
+        Ok(())
     }
 
     /// Delivers one acknowledgement.

@@ -637,7 +637,7 @@ where
             while self.next_offset < until {
                 let offset = self.next_offset;
                 let one = std::iter::once((offset, &stream[offset as usize]));
-                let taken = self.driver.process(one, self.broker.step, &mut self.broker);
+                let taken = self.driver.process(one, self.broker.step, &mut self.broker)?;
                 if taken == 0 {
                     break;
                 }

@@ -26,11 +26,14 @@ pub use driver::{Ack, DriverFaults, DriverStats, TaskDriver, TaskIo};
 pub use entry::{BackupEntry, EntryBytes};
 pub use error::CoreError;
 pub use mode::{ExactInterval, Mode};
-pub use operator::{AnalysisConstants, BackupScope, Operator, Rejected};
+pub use operator::{AnalysisConstants, BackupScope, Operator, ProcessError, Rejected};
 pub use recovery::{
     read_changelog, BackupMarker, ChangelogReader, ChangelogState, RecentFailures, RecoveryPlan, ResumeSource,
 };
-pub use structures::{Norm, Tracked, TrackedSet, TrackedTable, TrackedValue, TrackedVector};
+pub use structures::{
+    KeyStore, MemoryKeyStore, Norm, StoredDrift, StoredSlot, Tracked, TrackedSet, TrackedTable, TrackedValue,
+    TrackedVector,
+};
 pub use thresholds::{
     ErrorBound, FailurePolicy, GlobalThresholds, Placement, TaskThresholds, ThresholdPolicy, WindowPolicy,
     RECENT_FAILURES,

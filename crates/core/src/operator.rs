@@ -13,6 +13,18 @@ use super::structures::{Norm, Tracked};
 #[error("{0}")]
 pub struct Rejected(pub String);
 
+/// Why an item was not processed.
+#[derive(Clone, Debug, PartialEq, Error)]
+pub enum ProcessError {
+    /// The operator refused the item; the task goes on.
+    #[error(transparent)]
+    Rejected(#[from] Rejected),
+    /// The state could not be read (a local store failed); the task must stop
+    /// before anything of this item leaves it.
+    #[error("state store: {0}")]
+    State(#[from] CoreError),
+}
+
 /// The analysis constants of an operator, which turn thresholds into error bounds.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AnalysisConstants {
@@ -30,7 +42,7 @@ pub trait Operator {
     type Output;
 
     /// Processes one item, appending its outputs (at most β of them).
-    fn process(&mut self, input: &Self::Input, outputs: &mut Vec<Self::Output>) -> Result<(), Rejected>;
+    fn process(&mut self, input: &Self::Input, outputs: &mut Vec<Self::Output>) -> Result<(), ProcessError>;
 
     /// The divergence of the live state from the last acknowledged backup, kept up to
     /// date incrementally.
@@ -57,6 +69,29 @@ pub trait Operator {
     /// order they were written (later entries for a key win). May be called several
     /// times, a batch at a time. Marker records are skipped.
     fn restore(&mut self, entries: &[BackupEntry]) -> Result<(), CoreError>;
+
+    /// Whether all of the state lives in local stores that [`Operator::stage_state`]
+    /// writes to, so that a restart on a durable store can resume from the store's
+    /// own offset with no state error. In-memory operators return false and
+    /// always recover from the changelog.
+    fn has_local_state(&self) -> bool {
+        false
+    }
+
+    /// Stages every state change since the last call for the local store. The
+    /// adapter writes what was staged, with the input offset it is consistent
+    /// at, as one atomic write, before any backup taken so far goes out (a
+    /// restart must know every key such a backup may have written).
+    fn stage_state(&mut self) {}
+
+    /// Everything staged is durable: state that is clean may leave memory.
+    fn state_durable(&mut self) {}
+
+    /// After a restart on a durable local store: brings back the drift tracking
+    /// against the changelog. Returns how many keys it loaded.
+    fn load_local_state(&mut self) -> Result<usize, CoreError> {
+        Ok(0)
+    }
 
     /// α and β of this operator as configured.
     fn constants(&self) -> AnalysisConstants;

@@ -6,7 +6,7 @@ use afstream_core::harness::{simulate, SimulationOptions};
 use afstream_core::operator::{acknowledge_all, backup_all, fail_all, restore_all};
 use afstream_core::{
     AnalysisConstants, BackupEntry, BackupScope, ControllerConfig, CoreError, FailurePolicy, GlobalThresholds, Mode,
-    Norm, Operator, Placement, Rejected, ThresholdPolicy, Tracked, TrackedSet,
+    Norm, Operator, Placement, ProcessError, ThresholdPolicy, Tracked, TrackedSet,
 };
 
 #[derive(Clone)]
@@ -18,7 +18,7 @@ impl Operator for DistinctVisitors {
     type Input = u64;
     type Output = u64;
 
-    fn process(&mut self, visitor: &u64, outputs: &mut Vec<u64>) -> Result<(), Rejected> {
+    fn process(&mut self, visitor: &u64, outputs: &mut Vec<u64>) -> Result<(), ProcessError> {
         if self.visitors.insert(*visitor) {
             outputs.push(*visitor);
         }

@@ -94,7 +94,7 @@ proptest! {
     fn table_divergence_matches_recomputation(norm in prop_oneof![Just(Norm::L1), Just(Norm::L2), Just(Norm::KeyCount)], ops in ops()) {
         let mut live: TrackedTable<u64> = TrackedTable::new(2, norm);
         let mut shadow: TrackedTable<u64> = TrackedTable::new(2, norm);
-        drive(&mut live, &mut shadow, &ops, |t, i, d| { t.add(&u64::from(i), d); }, |live, shadow| {
+        drive(&mut live, &mut shadow, &ops, |t, i, d| { t.add(&u64::from(i), d).unwrap(); }, |live, shadow| {
             let truth = live.distance(shadow);
             let reported = live.divergence();
             assert!((reported - truth).abs() <= 1e-6 * (1.0 + truth), "{norm:?}: {reported} vs {truth}");

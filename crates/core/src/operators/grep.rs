@@ -5,7 +5,7 @@ use regex::Regex;
 
 use crate::entry::BackupEntry;
 use crate::error::CoreError;
-use crate::operator::{restore_all, AnalysisConstants, BackupScope, Operator, Rejected};
+use crate::operator::{restore_all, AnalysisConstants, BackupScope, Operator, ProcessError};
 use crate::structures::Norm;
 
 #[derive(Clone, Debug)]
@@ -24,7 +24,7 @@ impl Operator for Grep {
     type Input = String;
     type Output = String;
 
-    fn process(&mut self, line: &String, outputs: &mut Vec<String>) -> Result<(), Rejected> {
+    fn process(&mut self, line: &String, outputs: &mut Vec<String>) -> Result<(), ProcessError> {
         if self.pattern.is_match(line) {
             outputs.push(line.clone());
         }

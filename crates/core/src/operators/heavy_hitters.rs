@@ -17,7 +17,8 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::entry::BackupEntry;
 use crate::error::CoreError;
 use crate::operator::{
-    acknowledge_all, backup_all, fail_all, restore_all, AnalysisConstants, BackupScope, Operator, Rejected,
+    acknowledge_all, backup_all, fail_all, restore_all, AnalysisConstants, BackupScope, Operator, ProcessError,
+    Rejected,
 };
 use crate::structures::{Norm, Tracked, TrackedSet, TrackedValue, TrackedVector};
 
@@ -175,12 +176,13 @@ impl Operator for HeavyHitters {
     type Output = HeavyHitter;
 
     #[inline]
-    fn process(&mut self, packet: &FlowPacket, outputs: &mut Vec<HeavyHitter>) -> Result<(), Rejected> {
+    fn process(&mut self, packet: &FlowPacket, outputs: &mut Vec<HeavyHitter>) -> Result<(), ProcessError> {
         if packet.bytes > self.config.max_weight {
             return Err(Rejected(format!(
                 "packet of {} bytes is over max_weight = {}",
                 packet.bytes, self.config.max_weight
-            )));
+            ))
+            .into());
         }
         let weight = packet.bytes as f64;
         let hash = xxh3_64(&packet.flow);
@@ -314,7 +316,7 @@ mod tests {
         let mut hh = HeavyHitters::new(HeavyHitterConfig::default()).unwrap();
         let mut out = Vec::new();
         let err = hh.process(&packet("x", 1 << 20), &mut out).unwrap_err();
-        assert!(err.0.contains("max_weight"));
+        assert!(err.to_string().contains("max_weight"));
         assert_eq!(hh.total_bytes(), 0.0);
     }
 

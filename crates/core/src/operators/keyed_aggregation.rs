@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::entry::BackupEntry;
 use crate::error::CoreError;
-use crate::operator::{AnalysisConstants, BackupScope, Operator, Rejected};
-use crate::structures::{Norm, Tracked, TrackedTable};
+use crate::operator::{AnalysisConstants, BackupScope, Operator, ProcessError, Rejected};
+use crate::structures::{KeyStore, Norm, Tracked, TrackedTable};
 
 const TABLE: u8 = 1;
 
@@ -87,8 +87,21 @@ impl KeyedAggregation {
         })
     }
 
-    pub fn get(&self, key: &[u8]) -> Option<f64> {
-        self.table.get(key)
+    /// Keyed aggregation whose values live in `store`, with about
+    /// `resident_budget` clean keys kept in memory (see [`TrackedTable::with_store`]).
+    pub fn with_store(
+        config: KeyedAggregationConfig,
+        store: Box<dyn KeyStore>,
+        resident_budget: usize,
+    ) -> Result<Self, CoreError> {
+        let mut aggregation = Self::new(config)?;
+        aggregation.table = TrackedTable::with_store(TABLE, aggregation.table.norm(), store, resident_budget);
+        Ok(aggregation)
+    }
+
+    /// The value of `key`, read from the store when it is not in memory.
+    pub fn get(&self, key: &[u8]) -> Result<Option<f64>, CoreError> {
+        self.table.lookup(&key.to_vec())
     }
 
     pub fn len(&self) -> usize {
@@ -108,7 +121,7 @@ impl Operator for KeyedAggregation {
     type Input = KeyedValue;
     type Output = KeyUpdate;
 
-    fn process(&mut self, item: &KeyedValue, outputs: &mut Vec<KeyUpdate>) -> Result<(), Rejected> {
+    fn process(&mut self, item: &KeyedValue, outputs: &mut Vec<KeyUpdate>) -> Result<(), ProcessError> {
         let delta = match self.config.aggregate {
             Aggregate::Count => 1.0,
             Aggregate::Sum => {
@@ -116,12 +129,13 @@ impl Operator for KeyedAggregation {
                     return Err(Rejected(format!(
                         "value {} is not a finite number within ±max_abs_value = {}",
                         item.value, self.config.max_abs_value
-                    )));
+                    ))
+                    .into());
                 }
                 item.value
             }
         };
-        let value = self.table.add(item.key.as_slice(), delta);
+        let value = self.table.add(item.key.as_slice(), delta)?;
         outputs.push(KeyUpdate {
             key: item.key.clone(),
             value,
@@ -156,6 +170,22 @@ impl Operator for KeyedAggregation {
 
     fn restore(&mut self, entries: &[BackupEntry]) -> Result<(), CoreError> {
         crate::operator::restore_all(&mut [&mut self.table], entries)
+    }
+
+    fn has_local_state(&self) -> bool {
+        self.table.has_store()
+    }
+
+    fn stage_state(&mut self) {
+        self.table.stage_changes();
+    }
+
+    fn state_durable(&mut self) {
+        self.table.changes_durable();
+    }
+
+    fn load_local_state(&mut self) -> Result<usize, CoreError> {
+        self.table.load_drifted()
     }
 
     fn constants(&self) -> AnalysisConstants {
@@ -193,14 +223,14 @@ mod tests {
             )
             .unwrap();
         }
-        assert_eq!(sums.get(b"a"), Some(1.5));
+        assert_eq!(sums.get(b"a"), Ok(Some(1.5)));
         assert_eq!(out.last().map(|u| u.value), Some(1.5));
         let too_big = KeyedValue {
             key: b"a".to_vec(),
             value: 1e9,
         };
         assert!(sums.process(&too_big, &mut out).is_err());
-        assert_eq!(sums.get(b"a"), Some(1.5));
+        assert_eq!(sums.get(b"a"), Ok(Some(1.5)));
         assert!(KeyedAggregation::new(KeyedAggregationConfig {
             divergence: Norm::KeyCount,
             ..Default::default()

@@ -18,7 +18,7 @@ use crate::entry::BackupEntry;
 use crate::error::CoreError;
 use crate::operator::{
     acknowledge_all, backup_all, fail_all, restore_all, set_theta_all, AnalysisConstants, BackupScope, Operator,
-    Rejected,
+    ProcessError, Rejected,
 };
 use crate::structures::{Norm, Tracked, TrackedValue, TrackedVector};
 
@@ -188,13 +188,11 @@ impl Operator for OnlineLogisticRegression {
     type Input = LabeledVector;
     type Output = Prediction;
 
-    fn process(&mut self, item: &LabeledVector, outputs: &mut Vec<Prediction>) -> Result<(), Rejected> {
+    fn process(&mut self, item: &LabeledVector, outputs: &mut Vec<Prediction>) -> Result<(), ProcessError> {
         let mut norm2 = 1.0; // the bias input
         for &(feature, x) in &item.features {
             if !x.is_finite() {
-                return Err(Rejected(format!(
-                    "feature {feature} has value {x}, not a finite number"
-                )));
+                return Err(Rejected(format!("feature {feature} has value {x}, not a finite number")).into());
             }
             norm2 += x * x;
         }

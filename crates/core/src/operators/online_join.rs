@@ -22,7 +22,8 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use crate::entry::BackupEntry;
 use crate::error::CoreError;
 use crate::operator::{
-    acknowledge_all, backup_all, fail_all, restore_all, AnalysisConstants, BackupScope, Operator, Rejected,
+    acknowledge_all, backup_all, fail_all, restore_all, AnalysisConstants, BackupScope, Operator, ProcessError,
+    Rejected,
 };
 use crate::structures::{Norm, Tracked, TrackedTable};
 
@@ -173,9 +174,9 @@ impl Operator for OnlineJoin {
     type Input = JoinTuple;
     type Output = JoinEstimate;
 
-    fn process(&mut self, tuple: &JoinTuple, outputs: &mut Vec<JoinEstimate>) -> Result<(), Rejected> {
+    fn process(&mut self, tuple: &JoinTuple, outputs: &mut Vec<JoinEstimate>) -> Result<(), ProcessError> {
         if !tuple.value.is_finite() {
-            return Err(Rejected(format!("join value {} is not a finite number", tuple.value)));
+            return Err(Rejected(format!("join value {} is not a finite number", tuple.value)).into());
         }
         if self.sampled_tuple(tuple) {
             let (mine, other) = match tuple.side {
@@ -185,8 +186,8 @@ impl Operator for OnlineJoin {
             let before = self.counts.get(&(tuple.key, mine)).unwrap_or(0.0);
             let other_count = self.counts.get(&(tuple.key, other)).unwrap_or(0.0);
             let other_sum = self.sums.get(&(tuple.key, other)).unwrap_or(0.0);
-            self.counts.add(&(tuple.key, mine), 1.0);
-            self.sums.add(&(tuple.key, mine), tuple.value);
+            self.counts.add(&(tuple.key, mine), 1.0)?;
+            self.sums.add(&(tuple.key, mine), tuple.value)?;
             self.raw_count += other_count;
             self.raw_sum += tuple.value * other_count + other_sum;
             self.raw_variance += self.key_variance(before + 1.0, other_count) - self.key_variance(before, other_count);

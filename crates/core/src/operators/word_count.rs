@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use super::keyed_aggregation::{table_norm, KeyUpdate};
 use crate::entry::BackupEntry;
 use crate::error::CoreError;
-use crate::operator::{AnalysisConstants, BackupScope, Operator, Rejected};
-use crate::structures::{Norm, Tracked, TrackedTable};
+use crate::operator::{AnalysisConstants, BackupScope, Operator, ProcessError, Rejected};
+use crate::structures::{KeyStore, Norm, Tracked, TrackedTable};
 
 const TABLE: u8 = 1;
 
@@ -61,12 +61,31 @@ impl WordCount {
         })
     }
 
-    pub fn count(&self, word: &str) -> f64 {
-        self.counts.get(word).unwrap_or(0.0)
+    /// WordCount whose counts live in `store`, with about `resident_budget` clean
+    /// words kept in memory (see [`TrackedTable::with_store`]).
+    pub fn with_store(
+        config: WordCountConfig,
+        store: Box<dyn KeyStore>,
+        resident_budget: usize,
+    ) -> Result<Self, CoreError> {
+        let mut word_count = Self::new(config)?;
+        word_count.counts = TrackedTable::with_store(TABLE, word_count.counts.norm(), store, resident_budget);
+        Ok(word_count)
     }
 
+    /// The count of `word`, read from the store when it is not in memory.
+    pub fn count(&self, word: &str) -> Result<f64, CoreError> {
+        Ok(self.counts.lookup(&word.to_string())?.unwrap_or(0.0))
+    }
+
+    /// The words in memory (every word without a store) with their counts.
     pub fn iter(&self) -> impl Iterator<Item = (&String, f64)> + '_ {
         self.counts.iter()
+    }
+
+    /// Every word with its count, the store's included.
+    pub fn counts(&self) -> Result<rustc_hash::FxHashMap<String, f64>, CoreError> {
+        self.counts.entries()
     }
 }
 
@@ -74,18 +93,19 @@ impl Operator for WordCount {
     type Input = String;
     type Output = KeyUpdate;
 
-    fn process(&mut self, line: &String, outputs: &mut Vec<KeyUpdate>) -> Result<(), Rejected> {
+    fn process(&mut self, line: &String, outputs: &mut Vec<KeyUpdate>) -> Result<(), ProcessError> {
         let found = words(line).count() as u64;
         if found > self.config.max_words_per_line {
             return Err(Rejected(format!(
                 "line has {found} words, over max_words_per_line = {}",
                 self.config.max_words_per_line
-            )));
+            ))
+            .into());
         }
         for raw in words(line) {
             self.word.clear();
             self.word.extend(raw.chars().flat_map(char::to_lowercase));
-            let value = self.counts.add(self.word.as_str(), 1.0);
+            let value = self.counts.add(self.word.as_str(), 1.0)?;
             outputs.push(KeyUpdate {
                 key: self.word.as_bytes().to_vec(),
                 value,
@@ -123,6 +143,22 @@ impl Operator for WordCount {
         crate::operator::restore_all(&mut [&mut self.counts], entries)
     }
 
+    fn has_local_state(&self) -> bool {
+        self.counts.has_store()
+    }
+
+    fn stage_state(&mut self) {
+        self.counts.stage_changes();
+    }
+
+    fn state_durable(&mut self) {
+        self.counts.changes_durable();
+    }
+
+    fn load_local_state(&mut self) -> Result<usize, CoreError> {
+        self.counts.load_drifted()
+    }
+
     fn constants(&self) -> AnalysisConstants {
         let beta = self.config.max_words_per_line;
         AnalysisConstants {
@@ -145,8 +181,8 @@ mod tests {
         let mut wc = WordCount::new(WordCountConfig::default()).unwrap();
         let mut out = Vec::new();
         wc.process(&"The cat, the HAT.".to_string(), &mut out).unwrap();
-        assert_eq!(wc.count("the"), 2.0);
-        assert_eq!(wc.count("hat"), 1.0);
+        assert_eq!(wc.count("the").unwrap(), 2.0);
+        assert_eq!(wc.count("hat").unwrap(), 1.0);
         assert_eq!(out.len(), 4);
         let mut small = WordCount::new(WordCountConfig {
             max_words_per_line: 2,
@@ -154,6 +190,6 @@ mod tests {
         })
         .unwrap();
         assert!(small.process(&"a b c".to_string(), &mut out).is_err());
-        assert_eq!(small.count("a"), 0.0, "a rejected line changes nothing");
+        assert_eq!(small.count("a").unwrap(), 0.0, "a rejected line changes nothing");
     }
 }

@@ -12,6 +12,7 @@
 
 mod set;
 mod slots;
+mod store;
 mod table;
 mod value;
 mod vector;
@@ -19,6 +20,7 @@ mod vector;
 use serde::{Deserialize, Serialize};
 
 pub use set::TrackedSet;
+pub use store::{KeyStore, MemoryKeyStore, StoredDrift, StoredSlot};
 pub use table::{TableKey, TrackedTable};
 pub use value::TrackedValue;
 pub use vector::TrackedVector;

@@ -15,6 +15,9 @@ const DIRTY: u8 = 1; // changed since it was last included in a backup (L1, L2, 
 const OVER: u8 = 2; // |live - backed| > θ·WRITE_FRACTION (max difference): written by the next backup
 const PRESENT: u8 = 4; // included in an acknowledged backup (key count)
 const OWED: u8 = 8; // max difference: written by a backup that failed, so possibly in the store
+const CHANGED: u8 = 16; // store-backed: changed since it was last staged for the local store
+const PINNED: u8 = 32; // store-backed, transient: held by a backup in flight
+const FREE: u8 = 64; // store-backed: evicted; the index waits for reuse
 
 /// Max difference: a backup writes every slot whose drift exceeds this share of
 /// θ, not only those over θ. Left at just under θ, drifts would pile up there and
@@ -59,6 +62,30 @@ pub struct DriftSlots {
     since_complete: f64,
     theta: f64,
     pending: VecDeque<Pending>,
+    /// Store-backed structures only: slots to stage for the local store, and
+    /// evicted indices for reuse.
+    tracking: bool,
+    changed: Vec<u32>,
+    free: Vec<u32>,
+    /// Store-backed, max difference: more keys are in memory than the budget allows.
+    pressure: bool,
+}
+
+/// A slot as the local store keeps it: the live value, and while it differs from
+/// (or may differ from) the last acknowledged backup, what drift tracking needs to
+/// go on exactly after a restart.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StoredSlot {
+    pub live: f64,
+    pub drift: Option<StoredDrift>,
+}
+
+/// The baseline of a slot that is not clean: its last acknowledged backup value,
+/// and whether an acknowledged backup holds the key at all (key-count tables).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StoredDrift {
+    pub backed: f64,
+    pub present: bool,
 }
 
 impl DriftSlots {
@@ -76,7 +103,17 @@ impl DriftSlots {
             since_complete: 0.0,
             theta: f64::INFINITY,
             pending: VecDeque::new(),
+            tracking: false,
+            changed: Vec::new(),
+            free: Vec::new(),
+            pressure: false,
         }
+    }
+
+    /// Turns on what a store-backed structure needs: the list of slots changed
+    /// since they were last staged, and reuse of evicted slots.
+    pub fn track_changes(&mut self) {
+        self.tracking = true;
     }
 
     pub fn norm(&self) -> Norm {
@@ -93,9 +130,19 @@ impl DriftSlots {
 
     /// Appends a slot with value zero that no backup holds yet.
     pub fn push(&mut self) -> u32 {
-        let index = self.slots.len() as u32;
-        self.slots.push(Slot::default());
-        self.flags.push(0);
+        let index = match self.free.pop() {
+            Some(index) => {
+                self.slots[index as usize] = Slot::default();
+                self.flags[index as usize] = 0;
+                index
+            }
+            None => {
+                self.slots.push(Slot::default());
+                self.flags.push(0);
+                self.slots.len() as u32 - 1
+            }
+        };
+        self.mark_changed(index);
         if self.norm == Norm::KeyCount {
             self.sum += 1.0;
             self.mark_dirty(index);
@@ -121,6 +168,7 @@ impl DriftSlots {
 
     #[inline]
     pub fn set(&mut self, index: u32, value: f64) {
+        self.mark_changed(index);
         let slot = &mut self.slots[index as usize];
         let old = slot.live;
         slot.live = value;
@@ -143,6 +191,17 @@ impl DriftSlots {
                 if drift > self.write_threshold() || self.flags[index as usize] & OVER != 0 {
                     self.update_over(index, (old - backed).abs(), drift);
                 }
+            }
+        }
+    }
+
+    #[inline]
+    fn mark_changed(&mut self, index: u32) {
+        if self.tracking {
+            let flags = &mut self.flags[index as usize];
+            if *flags & CHANGED == 0 {
+                *flags |= CHANGED;
+                self.changed.push(index);
             }
         }
     }
@@ -246,6 +305,14 @@ impl DriftSlots {
     /// the slots over θ/2, see `WRITE_FRACTION`); `Complete` holds every slot that differs from the backup, so
     /// that after its acknowledgement the backup equals the state at this moment.
     pub fn backup(&mut self, seq: u64, scope: BackupScope) -> &[(u32, f64)] {
+        // Under memory pressure a max-difference backup also writes the small
+        // drifts (it becomes complete), so that their slots turn clean and can be
+        // evicted once it is acknowledged.
+        let scope = if self.pressure && self.norm == Norm::Max {
+            BackupScope::Complete
+        } else {
+            scope
+        };
         let mut values = Vec::new();
         match (self.norm, scope) {
             (Norm::Max, BackupScope::Drifted) => {
@@ -323,6 +390,7 @@ impl DriftSlots {
     }
 
     fn rebase(&mut self, index: u32, value: f64) {
+        self.mark_changed(index);
         let slot = &mut self.slots[index as usize];
         let (live, old) = (slot.live, slot.backed);
         slot.backed = value;
@@ -365,6 +433,7 @@ impl DriftSlots {
         // still land), so every slot it wrote is owed again, even one whose drift
         // from the acknowledged baseline is now small.
         for (index, _) in failed.values {
+            self.mark_changed(index);
             if self.norm == Norm::Max {
                 let flags = &mut self.flags[index as usize];
                 if *flags & OWED == 0 {
@@ -380,6 +449,7 @@ impl DriftSlots {
     /// Sets a slot from a backup: live and backed agree, so it adds no divergence.
     /// Meant for a freshly built structure.
     pub fn restore(&mut self, index: u32, value: f64) {
+        self.mark_changed(index);
         let slot = &mut self.slots[index as usize];
         let old_drift = slot.live - slot.backed;
         slot.live = value;
@@ -400,6 +470,123 @@ impl DriftSlots {
         if self.norm == Norm::Max {
             let flags = &self.flags;
             self.over.retain(|&i| flags[i as usize] & OVER != 0);
+        }
+    }
+
+    /// Store-backed: says whether more keys are in memory than the budget allows
+    /// (see [`DriftSlots::backup`]).
+    pub fn set_pressure(&mut self, pressure: bool) {
+        self.pressure = pressure;
+    }
+
+    /// A slot read back from the local store. A clean one (no drift) equals the
+    /// last acknowledged backup; a drifted one is owed to the next backup, whatever
+    /// its drift, since a backup in flight at the crash may have reached the
+    /// changelog. Meant for a freshly pushed slot.
+    pub fn load(&mut self, index: u32, stored: StoredSlot) {
+        let i = index as usize;
+        match stored.drift {
+            None => self.restore(index, stored.live),
+            Some(drift) => {
+                self.slots[i] = Slot {
+                    live: stored.live,
+                    backed: drift.backed,
+                };
+                let d = stored.live - drift.backed;
+                match self.norm {
+                    Norm::L1 => self.sum += d.abs(),
+                    Norm::L2 => self.sum += d * d,
+                    Norm::KeyCount => {
+                        if drift.present {
+                            self.flags[i] |= PRESENT;
+                            self.sum -= 1.0;
+                        }
+                    }
+                    Norm::Max => {
+                        self.running_max = self.running_max.max(d.abs());
+                        self.since_complete = self.since_complete.max(d.abs());
+                        if self.flags[i] & OWED == 0 {
+                            self.flags[i] |= OWED;
+                            self.owed.push(index);
+                        }
+                        if d.abs() > self.write_threshold() {
+                            self.update_over(index, 0.0, d.abs());
+                        }
+                    }
+                }
+                if self.norm != Norm::Max {
+                    self.mark_dirty(index);
+                }
+            }
+        }
+        // The store holds it as it is.
+        self.flags[i] &= !CHANGED;
+    }
+
+    /// Hands every slot changed since the last call to `stage`, as the store must
+    /// keep it.
+    pub fn take_changed(&mut self, mut stage: impl FnMut(u32, StoredSlot)) {
+        self.pin_pending(true);
+        let mut changed = std::mem::take(&mut self.changed);
+        for &index in &changed {
+            let i = index as usize;
+            if self.flags[i] & CHANGED == 0 {
+                continue;
+            }
+            self.flags[i] &= !CHANGED;
+            stage(index, self.stored(i));
+        }
+        changed.clear();
+        self.changed = changed;
+        self.pin_pending(false);
+    }
+
+    /// Frees every clean slot whose last change was staged (and, the caller
+    /// says, written) and that no backup in flight holds; calls `evicted` with
+    /// each index.
+    pub fn evict(&mut self, mut evicted: impl FnMut(u32)) {
+        self.pin_pending(true);
+        for i in 0..self.slots.len() {
+            if self.flags[i] & (FREE | CHANGED) != 0 || !self.is_clean(i) {
+                continue;
+            }
+            self.flags[i] = FREE;
+            self.free.push(i as u32);
+            evicted(i as u32);
+        }
+        self.pin_pending(false);
+    }
+
+    fn stored(&self, i: usize) -> StoredSlot {
+        let slot = self.slots[i];
+        StoredSlot {
+            live: slot.live,
+            drift: (!self.is_clean(i)).then_some(StoredDrift {
+                backed: slot.backed,
+                present: self.norm != Norm::KeyCount || self.flags[i] & PRESENT != 0,
+            }),
+        }
+    }
+
+    /// Whether the slot equals its acknowledged backup and nothing is owed or in
+    /// flight for it: then the store's live value is all there is to keep.
+    fn is_clean(&self, i: usize) -> bool {
+        let (slot, flags) = (self.slots[i], self.flags[i]);
+        slot.live == slot.backed
+            && flags & (DIRTY | OVER | OWED | PINNED) == 0
+            && (self.norm != Norm::KeyCount || flags & PRESENT != 0)
+    }
+
+    fn pin_pending(&mut self, pin: bool) {
+        for pending in &self.pending {
+            for &(index, _) in &pending.values {
+                let flags = &mut self.flags[index as usize];
+                if pin {
+                    *flags |= PINNED;
+                } else {
+                    *flags &= !PINNED;
+                }
+            }
         }
     }
 

@@ -6,6 +6,7 @@ use std::hash::Hash;
 use rustc_hash::FxHashMap;
 
 use super::slots::DriftSlots;
+use super::store::KeyStore;
 use super::BackupScope;
 use super::{check_tag, Norm, Tracked};
 use crate::entry::{decode_f64, encode_f64, entry_key, BackupEntry, EntryBytes};
@@ -63,12 +64,51 @@ impl TableKey for (u64, u8) {
 }
 
 /// A hash table with L1, L2, max-difference or key-count divergence.
-#[derive(Clone, Debug)]
+///
+/// Without a store every key stays in memory. With one
+/// ([`TrackedTable::with_store`]) memory holds the keys that differ from the last
+/// acknowledged backup, those in a backup in flight, those whose last change is
+/// not durable in the store yet, and clean keys up to `resident_budget`; the rest
+/// are read back from the store when touched.
 pub struct TrackedTable<K: TableKey> {
     tag: u8,
     index: FxHashMap<K, u32>,
-    keys: Vec<K>,
+    /// The key of each slot; `None` for an evicted slot awaiting reuse.
+    keys: Vec<Option<K>>,
     slots: DriftSlots,
+    store: Option<StoreBacking>,
+}
+
+struct StoreBacking {
+    store: Box<dyn KeyStore>,
+    resident_budget: usize,
+    key_bytes: EntryBytes,
+}
+
+impl<K: TableKey> Clone for TrackedTable<K> {
+    fn clone(&self) -> Self {
+        TrackedTable {
+            tag: self.tag,
+            index: self.index.clone(),
+            keys: self.keys.clone(),
+            slots: self.slots.clone(),
+            store: self.store.as_ref().map(|backing| StoreBacking {
+                store: backing.store.boxed_clone(),
+                resident_budget: backing.resident_budget,
+                key_bytes: EntryBytes::new(),
+            }),
+        }
+    }
+}
+
+impl<K: TableKey + std::fmt::Debug> std::fmt::Debug for TrackedTable<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrackedTable")
+            .field("tag", &self.tag)
+            .field("resident", &self.index.len())
+            .field("store", &self.store.is_some())
+            .finish()
+    }
 }
 
 impl<K: TableKey> TrackedTable<K> {
@@ -78,58 +118,94 @@ impl<K: TableKey> TrackedTable<K> {
             index: FxHashMap::default(),
             keys: Vec::new(),
             slots: DriftSlots::new(norm, 0),
+            store: None,
         }
+    }
+
+    /// A table whose keys live in `store`, with at most about `resident_budget`
+    /// clean keys kept in memory besides those that must stay there.
+    pub fn with_store(tag: u8, norm: Norm, store: Box<dyn KeyStore>, resident_budget: usize) -> Self {
+        let mut table = Self::new(tag, norm);
+        table.slots.track_changes();
+        table.store = Some(StoreBacking {
+            store,
+            resident_budget,
+            key_bytes: EntryBytes::new(),
+        });
+        table
     }
 
     pub fn norm(&self) -> Norm {
         self.slots.norm()
     }
 
+    /// Whether the table keeps its keys in a store.
+    pub fn has_store(&self) -> bool {
+        self.store.is_some()
+    }
+
+    /// Keys held in memory: every key without a store.
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.index.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.index.is_empty()
     }
 
-    fn slot_of<Q>(&mut self, key: &Q) -> u32
+    fn slot_of<Q>(&mut self, key: &Q) -> Result<u32, CoreError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         if let Some(&slot) = self.index.get(key) {
-            return slot;
+            return Ok(slot);
         }
-        let slot = self.slots.push();
         let owned = key.to_owned();
-        self.keys.push(owned.clone());
+        let stored = match &mut self.store {
+            Some(backing) => {
+                backing.key_bytes.clear();
+                owned.write_key(&mut backing.key_bytes);
+                backing.store.load(self.tag, &backing.key_bytes)?
+            }
+            None => None,
+        };
+        let slot = self.slots.push();
+        if let Some(stored) = stored {
+            self.slots.load(slot, stored);
+        }
+        match self.keys.get_mut(slot as usize) {
+            Some(reused) => *reused = Some(owned.clone()),
+            None => self.keys.push(Some(owned.clone())),
+        }
         self.index.insert(owned, slot);
-        slot
+        Ok(slot)
     }
 
     /// Adds `delta` to the value of `key` (a new key starts at zero) and returns the
-    /// new value.
+    /// new value. Fails only when the store cannot be read.
     #[inline]
-    pub fn add<Q>(&mut self, key: &Q, delta: f64) -> f64
+    pub fn add<Q>(&mut self, key: &Q, delta: f64) -> Result<f64, CoreError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let slot = self.slot_of(key);
+        let slot = self.slot_of(key)?;
         self.slots.add(slot, delta);
-        self.slots.get(slot)
+        Ok(self.slots.get(slot))
     }
 
-    pub fn set<Q>(&mut self, key: &Q, value: f64)
+    pub fn set<Q>(&mut self, key: &Q, value: f64) -> Result<(), CoreError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let slot = self.slot_of(key);
+        let slot = self.slot_of(key)?;
         self.slots.set(slot, value);
+        Ok(())
     }
 
+    /// The value of `key` if it is in memory (every key of a table without a store).
     pub fn get<Q>(&self, key: &Q) -> Option<f64>
     where
         K: Borrow<Q>,
@@ -138,29 +214,120 @@ impl<K: TableKey> TrackedTable<K> {
         self.index.get(key).map(|&slot| self.slots.get(slot))
     }
 
+    /// The value of `key`, read from the store when it is not in memory.
+    pub fn lookup(&self, key: &K) -> Result<Option<f64>, CoreError> {
+        if let Some(value) = self.get(key) {
+            return Ok(Some(value));
+        }
+        match &self.store {
+            Some(backing) => {
+                let mut bytes = EntryBytes::new();
+                key.write_key(&mut bytes);
+                Ok(backing.store.load(self.tag, &bytes)?.map(|stored| stored.live))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The keys in memory with their values (every key of a table without a store).
     pub fn iter(&self) -> impl Iterator<Item = (&K, f64)> + '_ {
-        self.keys.iter().zip(self.slots.values())
+        self.keys
+            .iter()
+            .zip(self.slots.values())
+            .filter_map(|(key, value)| key.as_ref().map(|key| (key, value)))
+    }
+
+    /// Every key with its value, the store's included.
+    pub fn entries(&self) -> Result<FxHashMap<K, f64>, CoreError> {
+        let mut all = FxHashMap::default();
+        if let Some(backing) = &self.store {
+            backing.store.for_each(self.tag, &mut |bytes, stored| {
+                all.insert(K::read_key(bytes)?, stored.live);
+                Ok(())
+            })?;
+        }
+        all.extend(self.iter().map(|(key, value)| (key.clone(), value)));
+        Ok(all)
     }
 
     /// The divergence function between two tables, in this table's norm; a key
-    /// missing from one side counts as zero there.
+    /// missing from one side counts as zero there. A store that cannot be read
+    /// makes the distance infinite, so that it passes no bound.
     pub fn distance(&self, other: &TrackedTable<K>) -> f64 {
-        let mine = self.iter().map(|(k, v)| (v - other.get(k).unwrap_or(0.0)).abs());
-        let theirs_only = other
+        let (Ok(mine), Ok(theirs)) = (self.entries(), other.entries()) else {
+            return f64::INFINITY;
+        };
+        let common = mine
             .iter()
-            .filter(|(k, _)| !self.index.contains_key(*k))
+            .map(|(k, v)| (v - theirs.get(k).copied().unwrap_or(0.0)).abs());
+        let theirs_only = theirs
+            .iter()
+            .filter(|(k, _)| !mine.contains_key(*k))
             .map(|(_, v)| v.abs());
-        let diffs = mine.chain(theirs_only);
+        let diffs = common.chain(theirs_only);
         match self.norm() {
             Norm::L1 => diffs.sum(),
             Norm::L2 => diffs.map(|d| d * d).sum::<f64>().sqrt(),
             Norm::Max => diffs.fold(0.0, f64::max),
             Norm::KeyCount => {
-                let only_mine = self.keys.iter().filter(|k| !other.index.contains_key(*k)).count();
-                let only_theirs = other.keys.iter().filter(|k| !self.index.contains_key(*k)).count();
+                let only_mine = mine.keys().filter(|k| !theirs.contains_key(*k)).count();
+                let only_theirs = theirs.keys().filter(|k| !mine.contains_key(*k)).count();
                 (only_mine + only_theirs) as f64
             }
         }
+    }
+
+    /// Stages every change since the last call for the store. A table without a
+    /// store does nothing.
+    pub fn stage_changes(&mut self) {
+        let Some(backing) = &mut self.store else { return };
+        let (tag, keys) = (self.tag, &self.keys);
+        self.slots.take_changed(|slot, record| {
+            if let Some(key) = &keys[slot as usize] {
+                backing.key_bytes.clear();
+                key.write_key(&mut backing.key_bytes);
+                backing.store.stage(tag, &backing.key_bytes, record);
+            }
+        });
+    }
+
+    /// Everything staged is durable in the store: clean keys over the budget may
+    /// leave memory.
+    pub fn changes_durable(&mut self) {
+        let Some(backing) = &mut self.store else { return };
+        let over = self.index.len() > backing.resident_budget;
+        self.slots.set_pressure(over);
+        if over {
+            let (keys, index) = (&mut self.keys, &mut self.index);
+            self.slots.evict(|slot| {
+                if let Some(key) = keys[slot as usize].take() {
+                    index.remove(&key);
+                }
+            });
+            self.slots.set_pressure(self.index.len() > backing.resident_budget);
+        }
+    }
+
+    /// After a restart on a durable store: brings back into memory every key that
+    /// differs (or may differ) from the last acknowledged backup, so that drift
+    /// tracking goes on exactly; the next backup writes each of them. Meant for a
+    /// freshly built table.
+    pub fn load_drifted(&mut self) -> Result<usize, CoreError> {
+        let Some(backing) = self.store.take() else { return Ok(0) };
+        let mut loaded = Vec::new();
+        let result = backing.store.for_each_drifted(self.tag, &mut |bytes, stored| {
+            loaded.push((K::read_key(bytes)?, stored));
+            Ok(())
+        });
+        self.store = Some(backing);
+        result?;
+        for (key, stored) in &loaded {
+            let slot = self.slots.push();
+            self.slots.load(slot, *stored);
+            self.keys.push(Some(key.clone()));
+            self.index.insert(key.clone(), slot);
+        }
+        Ok(loaded.len())
     }
 }
 
@@ -183,7 +350,9 @@ impl<K: TableKey> Tracked for TrackedTable<K> {
         let keys = &self.keys;
         out.extend(self.slots.backup(seq, scope).iter().map(|&(slot, value)| {
             let mut key = entry_key(tag, &[]);
-            keys[slot as usize].write_key(&mut key);
+            if let Some(k) = &keys[slot as usize] {
+                k.write_key(&mut key);
+            }
             BackupEntry {
                 key,
                 value: Some(encode_f64(value)),
@@ -208,7 +377,7 @@ impl<K: TableKey> Tracked for TrackedTable<K> {
             None if !self.index.contains_key(&key) => return Ok(()),
             None => 0.0,
         };
-        let slot = self.slot_of(&key);
+        let slot = self.slot_of(&key)?;
         self.slots.restore(slot, value);
         Ok(())
     }
