@@ -415,3 +415,164 @@ fn metrics_show_progress_thresholds_and_starts() {
     let status = service.terminate(Duration::from_secs(60));
     assert!(status.success(), "clean stop failed ({status})");
 }
+
+/// Gives the pipeline a state directory, so WordCount keeps its counts in a
+/// RocksDB store per partition with at most `resident_keys` clean words in memory.
+fn with_local_state(p: &Pipeline, resident_keys: usize) -> PathBuf {
+    let state = p.dir.join("state");
+    let text = std::fs::read_to_string(&p.config).expect("read the config");
+    let text = text.replacen(
+        "format = \"text\"\n",
+        &format!(
+            "format = \"text\"\nstate_dir = \"{}\"\nstore = {{ resident_keys = {resident_keys}, cache_mib = 16 }}\n",
+            state.display()
+        ),
+        1,
+    );
+    std::fs::write(&p.config, text).expect("write the config");
+    state
+}
+
+/// `lines` lines of ten words each seen once (`lines * 10` distinct words)
+/// and two common ones.
+fn distinct_word_lines(lines: usize) -> Vec<InputRecord> {
+    (0..lines)
+        .map(|line| {
+            let words: Vec<String> = (0..10).map(|i| format!("w{}", line * 10 + i)).collect();
+            InputRecord {
+                key: None,
+                value: format!("the {} and", words.join(" ")).into_bytes(),
+            }
+        })
+        .collect()
+}
+
+/// The counts the changelog holds (latest record per word).
+fn changelog_counts(broker: &Broker, p: &Pipeline) -> HashMap<String, f64> {
+    let mut counts = HashMap::new();
+    for record in broker.read_topic(&format!("{}-changelog", p.group)) {
+        let Some(key) = record.key else { continue };
+        if key.first() != Some(&1) {
+            continue; // the marker
+        }
+        let word = String::from_utf8(key[1..].to_vec()).expect("a word");
+        let count = afstream::core::entry::decode_f64(&record.value).expect("a count");
+        counts.insert(word, count);
+    }
+    counts
+}
+
+#[test]
+fn word_count_on_its_local_store_is_exact_after_two_sigkills() {
+    let dir = test_dir("wc-local");
+    let broker = Broker::start(&dir);
+    let thresholds = (400.0, 400, 1000);
+    let p = pipeline(&dir, &broker, "wc-local", "text", &word_count_operator(), thresholds);
+    with_local_state(&p, 1000);
+    let lines = distinct_word_lines(20_000);
+    produce(&broker.kafka(), &p.input, 1, &lines).expect("produce the lines");
+    let exact = exact_word_counts(&lines);
+    assert!(exact.len() >= 200_000, "{} distinct words", exact.len());
+
+    for (i, at) in [60_000, 150_000].into_iter().enumerate() {
+        kill_after_outputs(&broker, &p, &format!("run{i}.log"), at);
+    }
+    let service = run_to_end(&p, "final.log");
+
+    for log in ["run1.log", "final.log"] {
+        let path = dir.join(log);
+        assert_eq!(
+            log_lines(&path, "local store reopened").len(),
+            1,
+            "{log}: the restart did not resume on its local store:\n{}",
+            common::tail(&path)
+        );
+        let recoveries = logged_recoveries(&log_lines(&path, "recovered from a failure").join("\n"));
+        assert_eq!(recoveries.len(), 1, "{log}");
+        assert_eq!(
+            recoveries[0].bound_state, 0.0,
+            "{log}: a local recovery adds no state error"
+        );
+    }
+    let counts = changelog_counts(&broker, &p);
+    let wrong: Vec<_> = exact
+        .iter()
+        .filter(|(word, count)| counts.get(*word) != Some(*count))
+        .take(5)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "after the clean stop the changelog must hold the exact counts; e.g. {wrong:?} (changelog: {:?})",
+        wrong.iter().map(|(w, _)| counts.get(*w)).collect::<Vec<_>>()
+    );
+    assert_eq!(counts.len(), exact.len());
+    assert!(log_lines(&service.log, "task stopped cleanly").len() == 1);
+}
+
+#[test]
+fn word_count_without_its_local_store_recovers_from_the_changelog_within_the_bound() {
+    let dir = test_dir("wc-wiped");
+    let broker = Broker::start(&dir);
+    let thresholds = (400.0, 400, 1000);
+    let p = pipeline(&dir, &broker, "wc-wiped", "text", &word_count_operator(), thresholds);
+    let state = with_local_state(&p, 1000);
+    let lines = distinct_word_lines(6_000);
+    produce(&broker.kafka(), &p.input, 1, &lines).expect("produce the lines");
+    let exact = exact_word_counts(&lines);
+
+    kill_after_outputs(&broker, &p, "run0.log", 40_000);
+    std::fs::remove_dir_all(&state).expect("wipe the state directory (a lost node)");
+    let service = run_to_end(&p, "final.log");
+
+    assert!(log_lines(&service.log, "local store reopened").is_empty());
+    let recoveries = logged_recoveries(&log_lines(&service.log, "recovered from a failure").join("\n"));
+    assert_eq!(recoveries.len(), 1, "the restart recovered from the changelog");
+    let counts = changelog_counts(&broker, &p);
+    let error: f64 = exact
+        .iter()
+        .map(|(word, count)| (counts.get(word).copied().unwrap_or(0.0) - count).abs())
+        .sum();
+    let op = WordCount::new(WordCountConfig {
+        max_words_per_line: MAX_WORDS,
+        ..WordCountConfig::default()
+    })
+    .expect("word count");
+    let bound = independent_bound(thresholds, op.constants(), op.norm().is_additive(), 1, 1);
+    assert!(error <= bound, "L1 error {error} over the bound {bound} of one failure");
+    assert!(error <= recoveries[0].bound_state + 1e-9);
+}
+
+#[test]
+fn a_second_process_on_the_same_state_directory_is_refused_while_the_first_runs() {
+    let dir = test_dir("wc-locked");
+    let broker = Broker::start(&dir);
+    let p = pipeline(
+        &dir,
+        &broker,
+        "wc-locked",
+        "text",
+        &word_count_operator(),
+        (400.0, 400, 1000),
+    );
+    let state = with_local_state(&p, 1000);
+    let lines = text_records(2_000, 5);
+    produce(&broker.kafka(), &p.input, 1, &lines).expect("produce the lines");
+
+    let mut first = Service::start(&p.config, &dir.join("first.log"), false);
+    first.wait_until(RUN_DEADLINE, "the first process's outputs", || {
+        broker.record_count(&p.output) > 0
+    });
+    let mut second = Service::start(&p.config, &dir.join("second.log"), true);
+    let status = second.wait(RUN_DEADLINE, "the second process to give up");
+    assert!(!status.success(), "the second process must fail");
+    let log = std::fs::read_to_string(dir.join("second.log")).expect("the second log");
+    assert!(
+        log.contains("locked by another afstream process") && log.contains(&state.display().to_string()),
+        "the refusal names the directory and the reason:\n{log}"
+    );
+    let status = first.terminate(RUN_DEADLINE);
+    assert!(
+        status.success(),
+        "the first process ran on and stopped cleanly ({status})"
+    );
+}

@@ -8,7 +8,7 @@ use std::io::Write as _;
 
 use serde::Deserialize;
 
-use crate::core::{CoreError, Operator};
+use crate::core::{CoreError, KeyStore, Operator};
 use crate::operators::heavy_hitters::{FlowPacket, HeavyHitter, HeavyHitterConfig, HeavyHitters};
 use crate::operators::keyed_aggregation::KeyUpdate;
 use crate::operators::word_count::{WordCount, WordCountConfig};
@@ -18,7 +18,14 @@ use crate::operators::word_count::{WordCount, WordCountConfig};
 pub trait ServiceOperator: Operator + Sized {
     type Config: Clone;
 
-    fn build(config: &Self::Config) -> Result<Self, CoreError>;
+    /// Whether the operator keeps its keyed state in a local store when the
+    /// pipeline has a state directory (small states stay in memory and recover
+    /// from the changelog).
+    const STORE_BACKED: bool;
+
+    /// Builds the operator, its keyed state in `store` (with about
+    /// `resident_keys` clean keys in memory) when one is given.
+    fn build(config: &Self::Config, store: Option<(Box<dyn KeyStore>, usize)>) -> Result<Self, CoreError>;
 
     /// An input to decode into.
     fn empty_input() -> Self::Input;
@@ -32,9 +39,13 @@ pub trait ServiceOperator: Operator + Sized {
 
 impl ServiceOperator for WordCount {
     type Config = WordCountConfig;
+    const STORE_BACKED: bool = true;
 
-    fn build(config: &WordCountConfig) -> Result<Self, CoreError> {
-        WordCount::new(*config)
+    fn build(config: &WordCountConfig, store: Option<(Box<dyn KeyStore>, usize)>) -> Result<Self, CoreError> {
+        match store {
+            Some((store, resident_keys)) => WordCount::with_store(*config, store, resident_keys),
+            None => WordCount::new(*config),
+        }
     }
 
     fn empty_input() -> String {
@@ -67,8 +78,10 @@ struct PacketRecord<'a> {
 
 impl ServiceOperator for HeavyHitters {
     type Config = HeavyHitterConfig;
+    /// A Count-Min sketch and a few hundred candidates: small, in memory.
+    const STORE_BACKED: bool = false;
 
-    fn build(config: &HeavyHitterConfig) -> Result<Self, CoreError> {
+    fn build(config: &HeavyHitterConfig, _store: Option<(Box<dyn KeyStore>, usize)>) -> Result<Self, CoreError> {
         HeavyHitters::new(*config)
     }
 

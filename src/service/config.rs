@@ -82,11 +82,34 @@ pub struct PipelineConfig {
     pub format: Format,
     /// The pipeline's local state directory (relative to the working
     /// directory). A process locks it for its group, so two processes never
-    /// share one; the RocksDB stores will live here (issue 14).
+    /// share one. Keyed operators (WordCount) keep their state here, one
+    /// RocksDB store per input partition; without it, state is in memory.
     #[serde(default)]
     pub state_dir: Option<PathBuf>,
+    /// The memory budget of each local store.
+    #[serde(default)]
+    pub store: StoreConfig,
     pub operator: OperatorConfig,
     pub fault_tolerance: FaultToleranceConfig,
+}
+
+/// The memory budget of a task's local store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// RocksDB's block cache and write buffers, in MiB.
+    pub cache_mib: usize,
+    /// Clean keys kept in memory besides the drifted ones (which must be).
+    pub resident_keys: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            cache_mib: 64,
+            resident_keys: 100_000,
+        }
+    }
 }
 
 impl PipelineConfig {

@@ -7,7 +7,8 @@
 //! * [`metrics`]: the Prometheus exporter and each task's metrics;
 //! * [`produce`]: seeded workloads into an input topic;
 //! * [`runner`]: the consumer group and one core `TaskDriver` per partition;
-//! * [`state`]: the local state directory and its lock.
+//! * [`state`]: the local state directory and its lock;
+//! * [`store`]: a task's local RocksDB store.
 
 pub mod codec;
 pub mod config;
@@ -17,6 +18,7 @@ pub mod metrics;
 pub mod produce;
 pub mod runner;
 pub mod state;
+pub mod store;
 
 use std::sync::atomic::AtomicBool;
 

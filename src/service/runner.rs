@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,10 +27,11 @@ use super::kafka::{
 };
 use super::metrics::{TaskMetrics, TaskPosition};
 use super::state::lock_state_dir;
+use super::store::{StoreBudget, StoreMeta, TaskStore};
 use super::ServiceError;
 use crate::core::{
-    Ack, BackupEntry, BackupMarker, ChangelogState, ControllerConfig, DriverStats, Placement, RecoveryPlan, Rejected,
-    TaskDriver, TaskIo, ThresholdPolicy,
+    Ack, BackupEntry, BackupMarker, ChangelogState, ControllerConfig, DriverStats, Mode, Placement, RecoveryPlan,
+    Rejected, TaskDriver, TaskIo, ThresholdPolicy,
 };
 
 /// Where a partition with no marker and no committed offset starts (the
@@ -87,6 +89,18 @@ struct Assigned {
     end: u64,
     /// How long reading the changelog took.
     restore_seconds: f64,
+    /// Where the task resumes and why.
+    plan: RecoveryPlan,
+    /// The task's local store, and its meta record to write with every batch.
+    store: Option<(TaskStore, StoreMeta)>,
+    /// The task resumes on its local store (no changelog restore).
+    local: bool,
+}
+
+/// Where the local stores of the pipeline's tasks live, and their budget.
+struct Stores {
+    root: PathBuf,
+    budget: StoreBudget,
 }
 
 /// The consumer's context: rebalances restore each new partition's changelog
@@ -97,6 +111,7 @@ struct GroupContext {
     input_topic: String,
     loader: ChangelogLoader,
     controller: ControllerConfig,
+    stores: Option<Stores>,
     assigned: Mutex<Vec<Assigned>>,
     revoked: Mutex<Vec<i32>>,
     failure: Mutex<Option<String>>,
@@ -149,13 +164,27 @@ impl GroupContext {
             let (_, end) = consumer
                 .fetch_watermarks(&self.input_topic, partition, REQUEST_TIMEOUT)
                 .map_err(|e| format!("input partition {partition}: {e}"))?;
-            let plan = RecoveryPlan::decide(
-                self.controller.mode,
-                changelog.marker.as_ref(),
-                committed,
-                START_OFFSET,
-                self.controller.constants,
-            );
+            let (store, local) = match &self.stores {
+                Some(stores) => {
+                    let (store, meta, local) = self.open_store(stores, partition, &changelog)?;
+                    (Some((store, meta)), local)
+                }
+                None => (None, false),
+            };
+            let plan = match &store {
+                Some((_, meta)) if local => RecoveryPlan::local(
+                    meta.next_offset,
+                    changelog.marker.as_ref(),
+                    self.controller.policy.for_failures(0).outputs,
+                ),
+                _ => RecoveryPlan::decide(
+                    self.controller.mode,
+                    changelog.marker.as_ref(),
+                    committed,
+                    START_OFFSET,
+                    self.controller.constants,
+                ),
+            };
             tpl.set_partition_offset(&self.input_topic, partition, Offset::Offset(plan.resume_offset as i64))
                 .map_err(|e| format!("input partition {partition}: {e}"))?;
             assigned.push(Assigned {
@@ -164,6 +193,9 @@ impl GroupContext {
                 committed,
                 end: end.max(0) as u64,
                 restore_seconds,
+                plan,
+                store,
+                local,
             });
         }
         let assign = match consumer.rebalance_protocol() {
@@ -175,6 +207,37 @@ impl GroupContext {
             queue.extend(assigned);
         }
         Ok(())
+    }
+}
+
+impl GroupContext {
+    /// Opens a partition's local store and decides whether the task can resume
+    /// on it: only if it survived the crash (same boot) and the changelog's last
+    /// marker is its own, so that it knows every key any backup wrote. Otherwise
+    /// the store is recreated empty and the task restores from the changelog.
+    fn open_store(
+        &self,
+        stores: &Stores,
+        partition: i32,
+        changelog: &ChangelogState,
+    ) -> Result<(TaskStore, StoreMeta, bool), String> {
+        let path = stores.root.join(format!("{}-{partition}", self.input_topic));
+        let (store, meta) = TaskStore::open(&path, stores.budget).map_err(|e| e.to_string())?;
+        let Some(meta) = meta else {
+            return Ok((store, TaskStore::new_meta(0), false));
+        };
+        let own_marker = changelog.marker.as_ref().map(|m| m.writer) == Some(meta.store_id);
+        let refused = if !meta.trusted_after_crash() {
+            "the machine restarted since its last write"
+        } else if self.controller.mode == Mode::None || own_marker {
+            return Ok((store, meta, true));
+        } else {
+            "the changelog's last marker is not this store's (the partition moved, or the store is older)"
+        };
+        tracing::info!(partition, path = %path.display(), reason = refused, "local store not used; restoring from the changelog");
+        drop(store);
+        let store = TaskStore::recreate(&path, stores.budget).map_err(|e| e.to_string())?;
+        Ok((store, TaskStore::new_meta(0), false))
     }
 }
 
@@ -224,6 +287,13 @@ struct Flight {
     backup: Option<OpenBackup>,
     acks: Vec<Ack>,
     fatal: Option<String>,
+    /// Changelog records (backup entries, markers) waiting for the task's next
+    /// store write: a restart must know every key a backup in the changelog
+    /// wrote, so nothing reaches the changelog before the state it covers is in
+    /// the store.
+    changelog: Vec<(BackupEntry, Delivery)>,
+    /// Something changed that the next store write must hold.
+    unwritten: bool,
 }
 
 impl Flight {
@@ -271,18 +341,21 @@ struct KafkaIo<'a, O> {
     operator: PhantomData<O>,
 }
 
-impl<O> KafkaIo<'_, O> {
-    /// Sends one record to this task's changelog partition (a tombstone when
-    /// the entry has no value).
-    fn send_to_changelog(&self, entry: &BackupEntry, delivery: Delivery) -> Result<(), KafkaError> {
-        let mut record = BaseRecord::with_opaque_to(&self.shared.topics.changelog, delivery.pack())
-            .partition(self.partition)
-            .key(&entry.key[..]);
-        if let Some(value) = &entry.value {
-            record = record.payload(&value[..]);
-        }
-        send(self.shared.changelog_producer, record)
+/// Sends one record to a task's changelog partition (a tombstone when the
+/// entry has no value).
+fn send_to_changelog(
+    shared: &Shared<'_>,
+    partition: i32,
+    entry: &BackupEntry,
+    delivery: Delivery,
+) -> Result<(), KafkaError> {
+    let mut record = BaseRecord::with_opaque_to(&shared.topics.changelog, delivery.pack())
+        .partition(partition)
+        .key(&entry.key[..]);
+    if let Some(value) = &entry.value {
+        record = record.payload(&value[..]);
     }
+    send(shared.changelog_producer, record)
 }
 
 impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
@@ -317,24 +390,17 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
             partition: self.partition,
             seq,
         };
-        for entry in entries {
-            if let Err(error) = self.send_to_changelog(entry, delivery) {
-                tracing::warn!(partition = self.partition, seq, %error, "backup record not sent; the backup is retried");
-                self.flight.backup_record_done(seq, true);
-            }
-        }
+        self.flight
+            .changelog
+            .extend(entries.iter().map(|entry| (entry.clone(), delivery)));
     }
 
     fn write_marker(&mut self, marker: &BackupMarker) {
-        let entry = marker.to_entry();
         let delivery = Delivery::Marker {
             partition: self.partition,
             seq: marker.seq,
         };
-        if let Err(error) = self.send_to_changelog(&entry, delivery) {
-            tracing::warn!(partition = self.partition, seq = marker.seq, %error, "marker not sent; it is retried");
-            self.flight.acks.push(Ack::MarkerFailed(marker.seq));
-        }
+        self.flight.changelog.push((marker.to_entry(), delivery));
     }
 
     fn commit(&mut self, offset: u64) {
@@ -417,6 +483,8 @@ struct Task<O: ServiceOperator> {
     metrics: TaskMetrics,
     /// The driver's figures when the clean stop began.
     before_stop: Option<DriverStats>,
+    /// The local store and the meta record each write carries.
+    store: Option<(TaskStore, StoreMeta)>,
 }
 
 impl<O: ServiceOperator> Task<O> {
@@ -443,25 +511,48 @@ impl<O: ServiceOperator> Task<O> {
         operator_config: &O::Config,
         assigned: Assigned,
         queue: PartitionQueue<GroupContext>,
+        resident_keys: usize,
         now_ms: u64,
     ) -> Result<Self, ServiceError> {
-        let operator = O::build(operator_config)?;
+        let partition = assigned.partition;
+        let restore_error = |source| ServiceError::Restore { partition, source };
+        let mut operator = O::build(
+            operator_config,
+            assigned
+                .store
+                .as_ref()
+                .map(|(store, _)| (store.key_store(), resident_keys)),
+        )?;
+        let controller = match &assigned.store {
+            Some((_, meta)) => controller.with_writer(meta.store_id),
+            None => controller,
+        };
         let mut flight = Flight::default();
         let (mut key, mut value) = (Vec::new(), Vec::new());
-        let mut io = Self::io(shared, assigned.partition, &mut flight, &mut key, &mut value);
-        let (driver, plan) = TaskDriver::recover(
-            controller,
-            operator,
-            &assigned.changelog,
-            assigned.committed,
-            START_OFFSET,
-            now_ms,
-            &mut io,
-        )
-        .map_err(|source| ServiceError::Restore {
-            partition: assigned.partition,
-            source,
-        })?;
+        let mut io = Self::io(shared, partition, &mut flight, &mut key, &mut value);
+        let plan = assigned.plan;
+        let driver = if assigned.local {
+            let drifted = operator.load_local_state().map_err(restore_error)?;
+            tracing::info!(
+                partition,
+                drifted,
+                "local store reopened; its drifted keys are owed to the next backup"
+            );
+            TaskDriver::start(controller, operator, &plan, now_ms, &mut io).map_err(restore_error)?
+        } else {
+            let (driver, decided) = TaskDriver::recover(
+                controller,
+                operator,
+                &assigned.changelog,
+                assigned.committed,
+                START_OFFSET,
+                now_ms,
+                &mut io,
+            )
+            .map_err(restore_error)?;
+            debug_assert_eq!(decided.resume_offset, plan.resume_offset);
+            driver
+        };
         let thresholds = driver.controller().thresholds();
         TaskMetrics::started(
             &shared.group,
@@ -516,7 +607,42 @@ impl<O: ServiceOperator> Task<O> {
             value,
             metrics: TaskMetrics::new(&shared.group, assigned.partition),
             before_stop: None,
+            store: assigned.store,
         })
+    }
+
+    /// Writes the state changes to the local store (with the offset they are
+    /// exact at), then sends the changelog records held for that write.
+    fn flush(&mut self, shared: &Shared<'_>) -> bool {
+        if self.flight.changelog.is_empty() && !self.flight.unwritten {
+            return false;
+        }
+        if let Some((store, meta)) = &mut self.store {
+            self.driver.stage_state();
+            meta.next_offset = self.driver.controller().processed().offset;
+            if let Err(error) = store.write(meta) {
+                self.flight.fatal.get_or_insert(error.to_string());
+                return true;
+            }
+            self.driver.state_durable();
+        }
+        self.flight.unwritten = false;
+        for (entry, delivery) in std::mem::take(&mut self.flight.changelog) {
+            if let Err(error) = send_to_changelog(shared, self.partition, &entry, delivery) {
+                match delivery {
+                    Delivery::Marker { seq, .. } => {
+                        tracing::warn!(partition = self.partition, seq, %error, "marker not sent; it is retried");
+                        self.flight.acks.push(Ack::MarkerFailed(seq));
+                    }
+                    Delivery::BackupRecord { seq, .. } => {
+                        tracing::warn!(partition = self.partition, seq, %error, "backup record not sent; the backup is retried");
+                        self.flight.backup_record_done(seq, true);
+                    }
+                    Delivery::Output { .. } => {}
+                }
+            }
+        }
+        true
     }
 
     /// Delivers the acknowledgements the I/O produced itself, until none is left.
@@ -533,6 +659,8 @@ impl<O: ServiceOperator> Task<O> {
     }
 
     fn acknowledge(&mut self, shared: &Shared<'_>, ack: Ack) {
+        // A backup's outcome moves the state's baseline, which the store keeps.
+        self.flight.unwritten |= matches!(ack, Ack::BackupWritten(_) | Ack::BackupFailed(_));
         let mut io = Self::io(shared, self.partition, &mut self.flight, &mut self.key, &mut self.value);
         self.driver.acknowledge(ack, &mut io);
     }
@@ -615,6 +743,7 @@ impl<O: ServiceOperator> Task<O> {
                 Ok(taken) => {
                     batch.taken += taken;
                     worked |= taken > 0;
+                    io.flight.unwritten |= taken > 0;
                 }
                 Err(error) => {
                     io.flight
@@ -692,7 +821,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         output: pipeline.output_topic.clone(),
         changelog: pipeline.changelog_topic(&kafka.group_id),
     };
-    let probe = O::build(operator_config)?;
+    let probe = O::build(operator_config, None)?;
     let _state_lock = match &pipeline.state_dir {
         Some(dir) => Some(lock_state_dir(dir, &kafka.group_id)?),
         None => None,
@@ -755,6 +884,16 @@ pub fn run_pipeline<O: ServiceOperator>(
         input_topic: topics.input.clone(),
         loader: ChangelogLoader::new(kafka, &topics.changelog)?,
         controller,
+        stores: match &pipeline.state_dir {
+            Some(dir) if O::STORE_BACKED => Some(Stores {
+                root: dir.join(&kafka.group_id),
+                budget: StoreBudget {
+                    cache_bytes: pipeline.store.cache_mib << 20,
+                    resident_keys: pipeline.store.resident_keys,
+                },
+            }),
+            _ => None,
+        },
         assigned: Mutex::new(Vec::new()),
         revoked: Mutex::new(Vec::new()),
         failure: Mutex::new(None),
@@ -841,7 +980,15 @@ pub fn run_pipeline<O: ServiceOperator>(
             let queue = consumer
                 .split_partition_queue(&topics.input, partition)
                 .ok_or_else(|| ServiceError::Unsupported(format!("no queue for input partition {partition}")))?;
-            let task = Task::start(&shared, controller, operator_config, assigned, queue, now_ms)?;
+            let task = Task::start(
+                &shared,
+                controller,
+                operator_config,
+                assigned,
+                queue,
+                pipeline.store.resident_keys,
+                now_ms,
+            )?;
             tasks.insert(partition, task);
             first_task.get_or_insert_with(Instant::now);
         }
@@ -868,6 +1015,9 @@ pub fn run_pipeline<O: ServiceOperator>(
             if let Some(task) = tasks.get_mut(&event.delivery.partition()) {
                 task.delivered(&shared, event);
             }
+        }
+        for task in tasks.values_mut() {
+            worked |= task.flush(&shared);
         }
         if let Some((partition, fatal)) = tasks
             .iter_mut()

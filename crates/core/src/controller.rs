@@ -157,6 +157,8 @@ pub struct ControllerConfig {
     pub mode: Mode,
     pub policy: ThresholdPolicy,
     pub constants: AnalysisConstants,
+    /// Stamped on every marker: the identity of the task's local store (0: none).
+    pub writer: u64,
     faults: ControllerFaults,
 }
 
@@ -166,8 +168,14 @@ impl ControllerConfig {
             mode,
             policy,
             constants,
+            writer: 0,
             faults: ControllerFaults::default(),
         }
+    }
+
+    /// Markers will name `writer` (a local store's identity) as their author.
+    pub fn with_writer(self, writer: u64) -> Self {
+        ControllerConfig { writer, ..self }
     }
 
     /// Turns on test-only faults.
@@ -201,6 +209,7 @@ pub struct TaskController {
     mode: Mode,
     policy: ThresholdPolicy,
     constants: AnalysisConstants,
+    writer: u64,
     faults: ControllerFaults,
     failures: u32,
     /// Where the latest failures resumed; the recovering policy counts those
@@ -253,6 +262,7 @@ impl TaskController {
             mode: config.mode,
             policy: config.policy,
             constants: config.constants,
+            writer: config.writer,
             faults: config.faults,
             failures: plan.failures,
             recent: plan.recent,
@@ -512,6 +522,7 @@ impl TaskController {
             thresholds: self.thresholds,
             clean,
             recent: self.recent,
+            writer: self.writer,
         }));
     }
 

@@ -113,8 +113,21 @@ impl<O: Operator> TaskDriver<O> {
             start_offset,
             config.constants,
         );
+        let driver = Self::start(config, operator, &plan, now_ms, io)?;
+        Ok((driver, plan))
+    }
+
+    /// Starts a task whose operator already holds its state (restored from the
+    /// changelog, or reopened on its local store), at the position `plan` gives.
+    pub fn start(
+        config: ControllerConfig,
+        mut operator: O,
+        plan: &RecoveryPlan,
+        now_ms: u64,
+        io: &mut impl TaskIo<O::Output>,
+    ) -> Result<Self, CoreError> {
         let mut actions = Vec::new();
-        let controller = TaskController::start(config, &plan, now_ms, &mut actions)?;
+        let controller = TaskController::start(config, plan, now_ms, &mut actions)?;
         operator.set_theta(controller.operator_theta());
         let mut driver = TaskDriver {
             operator,
@@ -127,7 +140,7 @@ impl<O: Operator> TaskDriver<O> {
             faults: DriverFaults::default(),
         };
         driver.execute(io);
-        Ok((driver, plan))
+        Ok(driver)
     }
 
     /// Turns on test-only faults.
@@ -142,6 +155,18 @@ impl<O: Operator> TaskDriver<O> {
 
     pub fn controller(&self) -> &TaskController {
         &self.controller
+    }
+
+    /// Stages the operator's state changes for its local store; the adapter
+    /// writes them, with the offset `controller().processed()` gives, before it
+    /// sends any changelog record the driver handed it so far.
+    pub fn stage_state(&mut self) {
+        self.operator.stage_state();
+    }
+
+    /// The adapter's store write succeeded.
+    pub fn state_durable(&mut self) {
+        self.operator.state_durable();
     }
 
     pub fn into_operator(self) -> O {

@@ -121,6 +121,11 @@ impl<'a> PayloadReader<'a> {
         Ok(out)
     }
 
+    /// Whether every byte was read.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
     pub fn u8(&mut self) -> Result<u8, CoreError> {
         Ok(self.take::<1>()?[0])
     }

@@ -72,6 +72,9 @@ pub struct BackupMarker {
     pub clean: bool,
     /// Where the latest failures resumed (the recovering policy counts them).
     pub recent: RecentFailures,
+    /// Who wrote it: the identity of the task's local store (0: none). A
+    /// restart trusts its local store only if the last marker is its own.
+    pub writer: u64,
 }
 
 impl BackupMarker {
@@ -97,6 +100,7 @@ impl BackupMarker {
         for offset in self.recent.as_slice() {
             body.extend_from_slice(&offset.to_le_bytes());
         }
+        body.extend_from_slice(&self.writer.to_le_bytes());
         BackupEntry {
             key: Self::key(),
             value: Some(versioned(&body)),
@@ -127,6 +131,7 @@ impl BackupMarker {
                 other => return Err(CoreError::undecodable("backup marker", format!("clean flag {other}"))),
             },
             recent: RecentFailures::default(),
+            writer: 0,
         };
         let count = usize::from(reader.u8()?);
         if count > RECENT_FAILURES {
@@ -138,6 +143,10 @@ impl BackupMarker {
         let mut marker = marker;
         for _ in 0..count {
             marker.recent.push(reader.u64()?);
+        }
+        // Markers written before local stores existed end here.
+        if !reader.is_empty() {
+            marker.writer = reader.u64()?;
         }
         reader.finish()?;
         Ok(marker)
@@ -245,6 +254,8 @@ pub enum ResumeSource {
     Committed,
     /// The partition's start: nothing at all yet.
     Beginning,
+    /// The task's own local store, exact at its offset.
+    LocalStore,
 }
 
 impl RecoveryPlan {
@@ -308,9 +319,77 @@ impl RecoveryPlan {
     }
 }
 
+impl RecoveryPlan {
+    /// A restart on the task's own durable local store, which is exact at
+    /// `store_offset` and is known to hold every key any backup in the changelog
+    /// wrote (the last marker is its own: `last_marker.writer` is the store's
+    /// identity). The state error is zero. Outputs of items before
+    /// `store_offset` that were not acknowledged at the crash may be lost: at
+    /// most γ, and `largest_gamma` (γ at no failure, the largest any policy
+    /// gives) bounds it. A restart after a clean stop at the store's offset is
+    /// no failure.
+    pub fn local(store_offset: u64, last_marker: Option<&BackupMarker>, largest_gamma: u64) -> Self {
+        let clean = last_marker.is_some_and(|m| m.clean && m.input_offset == store_offset);
+        let (failures, recent) = match last_marker {
+            Some(marker) => (marker.failures, marker.recent),
+            None => (0, RecentFailures::default()),
+        };
+        if clean {
+            return RecoveryPlan {
+                resume_offset: store_offset,
+                failures,
+                counted_failure: false,
+                introduced: ErrorBound::default(),
+                source: ResumeSource::LocalStore,
+                recent,
+            };
+        }
+        let mut recent = recent;
+        recent.push(store_offset);
+        RecoveryPlan {
+            resume_offset: store_offset,
+            failures: failures.saturating_add(1),
+            counted_failure: true,
+            introduced: ErrorBound {
+                state: 0.0,
+                outputs: largest_gamma as f64,
+            },
+            source: ResumeSource::LocalStore,
+            recent,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_local_restart_is_exact_and_counts_as_a_failure_unless_clean() {
+        let crashed = RecoveryPlan::local(1500, Some(&marker(false)), 64);
+        assert_eq!(crashed.resume_offset, 1500);
+        assert_eq!(crashed.failures, 3);
+        assert!(crashed.counted_failure);
+        assert_eq!(
+            crashed.introduced,
+            ErrorBound {
+                state: 0.0,
+                outputs: 64.0
+            }
+        );
+        assert_eq!(crashed.source, ResumeSource::LocalStore);
+        assert_eq!(crashed.recent.as_slice(), &[1500]);
+        let stopped = RecoveryPlan::local(1000, Some(&marker(true)), 64);
+        assert!(!stopped.counted_failure);
+        assert_eq!(stopped.failures, 2);
+        assert_eq!(stopped.introduced, ErrorBound::default());
+        let moved_on = RecoveryPlan::local(1200, Some(&marker(true)), 64);
+        assert!(
+            moved_on.counted_failure,
+            "items after the clean stop were processed, then a crash"
+        );
+        assert_eq!(RecoveryPlan::local(0, None, 64).failures, 1);
+    }
 
     fn marker(clean: bool) -> BackupMarker {
         BackupMarker {
@@ -324,7 +403,29 @@ mod tests {
             },
             clean,
             recent: RecentFailures::default(),
+            writer: 0xfeed_beef,
         }
+    }
+
+    #[test]
+    fn a_marker_without_a_writer_is_one_written_before_local_stores() {
+        let mut entry = marker(false).to_entry();
+        let value = entry.value.as_mut().unwrap();
+        let shorter = value.len() - 8;
+        value.truncate(shorter);
+        let decoded = BackupMarker::from_entry(&entry).unwrap();
+        assert_eq!(decoded.writer, 0);
+        assert_eq!(
+            BackupMarker {
+                writer: 0,
+                ..marker(false)
+            },
+            decoded
+        );
+        assert_eq!(
+            BackupMarker::from_entry(&marker(false).to_entry()).unwrap().writer,
+            0xfeed_beef
+        );
     }
 
     const C: AnalysisConstants = AnalysisConstants { alpha: 2.0, beta: 1 };

@@ -10,6 +10,8 @@
 //! backups, a driver that skips them and a controller that never halves are
 //! caught.
 
+mod common;
+
 use afstream_core::harness::{simulate, SimulatedTask, SimulationOptions, SimulationReport, Violation};
 use afstream_core::operators::*;
 use afstream_core::workloads;
@@ -81,26 +83,8 @@ fn failures(len: u64) -> impl Strategy<Value = Failures> {
         )
 }
 
-/// 24 cases from a fixed seed, so CI is repeatable; `AFSTREAM_PROPTEST_CASES=N` runs
-/// more and `AFSTREAM_PROPTEST_SEED=random` (or a number) explores new streams.
 fn config() -> ProptestConfig {
-    let cases = std::env::var("AFSTREAM_PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(24);
-    let rng_seed = match std::env::var("AFSTREAM_PROPTEST_SEED").ok().as_deref() {
-        Some("random") => proptest::test_runner::RngSeed::Random,
-        Some(n) => proptest::test_runner::RngSeed::Fixed(n.parse().unwrap_or(0xaf)),
-        None => proptest::test_runner::RngSeed::Fixed(0xaf),
-    };
-    ProptestConfig {
-        cases,
-        rng_seed,
-        failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::WithSource(
-            "proptest-regressions",
-        ))),
-        ..ProptestConfig::default()
-    }
+    common::proptest_config(24)
 }
 
 fn assert_no_violations(report: &SimulationReport) {

@@ -406,6 +406,7 @@ fn under_the_recovering_policy_thresholds_come_back_after_the_window() {
             recent.push(10);
             recent
         },
+        writer: 0,
     };
     let plan = RecoveryPlan::decide(Mode::Approximate, Some(&marker), None, 0, CONSTANTS);
     assert_eq!(plan.recent.as_slice(), &[10, 50]);

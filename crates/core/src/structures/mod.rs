@@ -20,7 +20,7 @@ mod vector;
 use serde::{Deserialize, Serialize};
 
 pub use set::TrackedSet;
-pub use store::{KeyStore, MemoryKeyStore, StoredDrift, StoredSlot};
+pub use store::{KeyStore, MemoryKeyStore, RecordVisitor, StoredDrift, StoredSlot};
 pub use table::{TableKey, TrackedTable};
 pub use value::TrackedValue;
 pub use vector::TrackedVector;
