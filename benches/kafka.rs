@@ -11,7 +11,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
@@ -68,8 +68,9 @@ struct PipelineRun {
     stall_share: f64,
 }
 
-fn pipeline(config: &Config, topic: &str, mode: ModeName, run_id: usize) -> PipelineRun {
+fn pipeline(config: &Config, topic: &str, mode: ModeName, state_dir: Option<&Path>, run_id: usize) -> PipelineRun {
     let mut config = config.clone();
+    config.pipeline.state_dir = state_dir.map(Path::to_path_buf);
     config.kafka.group_id = format!("bench-{run_id}-{}", std::process::id());
     config.pipeline.input_topic = topic.to_string();
     config.pipeline.output_topic = format!("{}-out", config.kafka.group_id);
@@ -104,6 +105,8 @@ struct Workload {
     name: &'static str,
     config: Config,
     topic: String,
+    /// Keeps its state in local RocksDB stores (with a state directory).
+    store_backed: bool,
 }
 
 fn main() {
@@ -121,6 +124,7 @@ fn main() {
                 name: "WordCount (lines of 1-8 words)",
                 config: load_config("word-count.toml", &address, own_broker),
                 topic: format!("bench-lines-{stamp}"),
+                store_backed: true,
             },
             text_records(items, 1),
             1,
@@ -130,6 +134,7 @@ fn main() {
                 name: "heavy hitters (JSON packets)",
                 config: load_config("heavy-hitters.toml", &address, own_broker),
                 topic: format!("bench-packets-{stamp}"),
+                store_backed: false,
             },
             packet_records(items, 2),
             2,
@@ -142,19 +147,31 @@ fn main() {
     println!("| workload | case | items/s (median of {rounds}) | / raw | / none | changelog records per item | input waited (share of items) | clean stop (s) |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     let mut run_id = 0;
+    let state = dir.join("state");
     for (workload, _, _) in &workloads {
         let (mut raw, mut none, mut approx) = (Vec::new(), Vec::new(), Vec::new());
+        let mut in_memory = Vec::new();
         let (mut changelog, mut stalls) = (Vec::new(), Vec::new());
         let (mut none_stop, mut approx_stop) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
             run_id += 1;
             raw.push(raw_consumption(&workload.config, &workload.topic, run_id));
             run_id += 1;
-            let run = pipeline(&workload.config, &workload.topic, ModeName::None, run_id);
+            let run = pipeline(&workload.config, &workload.topic, ModeName::None, Some(&state), run_id);
             none.push(run.items_per_s);
             none_stop.push(run.stop_seconds);
+            if workload.store_backed {
+                run_id += 1;
+                in_memory.push(pipeline(&workload.config, &workload.topic, ModeName::None, None, run_id).items_per_s);
+            }
             run_id += 1;
-            let run = pipeline(&workload.config, &workload.topic, ModeName::Approximate, run_id);
+            let run = pipeline(
+                &workload.config,
+                &workload.topic,
+                ModeName::Approximate,
+                Some(&state),
+                run_id,
+            );
             approx.push(run.items_per_s);
             approx_stop.push(run.stop_seconds);
             changelog.push(run.changelog_per_item);
@@ -162,14 +179,24 @@ fn main() {
         }
         let (raw, none, approx) = (median(&mut raw), median(&mut none), median(&mut approx));
         println!("| {} | raw consumption | {raw:.0} | 1 | | | | |", workload.name);
+        let store = if workload.store_backed { ", RocksDB" } else { "" };
+        if workload.store_backed {
+            let in_memory = median(&mut in_memory);
+            println!(
+                "| {} | none, state in memory | {in_memory:.0} | {:.3} | {:.3} | 0 | | |",
+                workload.name,
+                in_memory / raw,
+                in_memory / none
+            );
+        }
         println!(
-            "| {} | none | {none:.0} | {:.3} | 1 | 0 | | {:.2} |",
+            "| {} | none{store} | {none:.0} | {:.3} | 1 | 0 | | {:.2} |",
             workload.name,
             none / raw,
             median(&mut none_stop)
         );
         println!(
-            "| {} | approximate | {approx:.0} | {:.3} | {:.3} | {:.4} | {:.2}% | {:.2} |",
+            "| {} | approximate{store} | {approx:.0} | {:.3} | {:.3} | {:.4} | {:.2}% | {:.2} |",
             workload.name,
             approx / raw,
             approx / none,

@@ -7,99 +7,16 @@
 
 use std::hint::black_box;
 
-use afstream::core::{
-    read_changelog, Ack, BackupEntry, BackupMarker, ControllerConfig, GlobalThresholds, Mode, Operator, TaskDriver,
-    TaskIo,
-};
+use afstream::core::{Mode, Operator};
 use afstream::operators::*;
 use afstream::workloads;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use xxhash_rust::xxh3::xxh3_64;
 
-/// The I/O boundary of a broker that acknowledges everything at once.
-#[derive(Default)]
-struct InstantIo {
-    acks: Vec<Ack>,
-}
+#[path = "support/engine.rs"]
+mod engine;
 
-impl<Out> TaskIo<Out> for InstantIo {
-    fn send_output(&mut self, item_offset: u64, output: Out) {
-        black_box(output);
-        self.acks.push(Ack::Output { item_offset, count: 1 });
-    }
-
-    fn write_backup(&mut self, seq: u64, entries: &[BackupEntry]) {
-        black_box(entries);
-        self.acks.push(Ack::BackupWritten(seq));
-    }
-
-    fn write_marker(&mut self, marker: &BackupMarker) {
-        black_box(marker.to_entry());
-        self.acks.push(Ack::MarkerWritten(marker.seq));
-    }
-
-    fn commit(&mut self, offset: u64) {
-        black_box(offset);
-    }
-}
-
-/// One task: the service's task driver over an instant broker, fed in poll
-/// batches of 500 items.
-struct Engine<O: Operator> {
-    driver: TaskDriver<O>,
-    io: InstantIo,
-    next_offset: u64,
-}
-
-const POLL: usize = 500;
-
-impl<O: Operator> Engine<O> {
-    fn new(operator: O, mode: Mode, theta: f64, items: u64, outputs: u64) -> Self {
-        let global = GlobalThresholds::new(theta, items, outputs).expect("valid thresholds");
-        let config = ControllerConfig::single_task(mode, global, operator.constants(), operator.norm().is_additive())
-            .expect("valid policy");
-        let mut io = InstantIo::default();
-        let empty = read_changelog(&[]).expect("empty changelog");
-        let (driver, _) = TaskDriver::recover(config, operator, &empty, None, 0, 0, &mut io).expect("start");
-        let mut engine = Engine {
-            driver,
-            io,
-            next_offset: 0,
-        };
-        engine.deliver();
-        engine
-    }
-
-    fn deliver(&mut self) {
-        while !self.io.acks.is_empty() {
-            let acks = std::mem::take(&mut self.io.acks);
-            for ack in &acks {
-                self.driver.acknowledge(*ack, &mut self.io);
-            }
-        }
-    }
-
-    #[inline]
-    fn run(&mut self, items: &[O::Input]) {
-        for poll in items.chunks(POLL) {
-            let mut done = 0;
-            while done < poll.len() {
-                let first = self.next_offset;
-                let batch = poll[done..]
-                    .iter()
-                    .enumerate()
-                    .map(|(i, item)| (first + i as u64, item));
-                let taken = self
-                    .driver
-                    .process(batch, 0, &mut self.io)
-                    .expect("in-memory operators read no store");
-                done += taken;
-                self.next_offset += taken as u64;
-                self.deliver();
-            }
-        }
-    }
-}
+use engine::Engine;
 
 /// The floor: a Count-Min sketch of plain counters, no fault tolerance at all.
 struct PlainCountMin {
@@ -136,7 +53,7 @@ where
         group.bench_function(label, |b| {
             b.iter_batched_ref(
                 || Engine::new(build(), mode, theta, l, gamma),
-                |engine| engine.run(items),
+                |engine| engine.run(items, |_| {}),
                 BatchSize::LargeInput,
             )
         });

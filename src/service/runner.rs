@@ -152,7 +152,25 @@ impl GroupContext {
         let mut assigned = Vec::with_capacity(partitions.len());
         for partition in partitions {
             let restore_started = Instant::now();
-            let changelog = self.loader.load(partition).map_err(|e| e.to_string())?;
+            let local = match &self.stores {
+                Some(stores) => Some(self.open_store(stores, partition)?),
+                None => None,
+            };
+            let (changelog, store, local) = match local {
+                Some(LocalStore::Usable { store, meta, marker }) => {
+                    let changelog = ChangelogState {
+                        entries: Vec::new(),
+                        marker: marker.map(|m| *m),
+                        records: 0,
+                    };
+                    (changelog, Some((store, meta)), true)
+                }
+                Some(LocalStore::Fresh(store)) => {
+                    let changelog = self.loader.load(partition).map_err(|e| e.to_string())?;
+                    (changelog, Some((store, TaskStore::new_meta(0))), false)
+                }
+                None => (self.loader.load(partition).map_err(|e| e.to_string())?, None, false),
+            };
             let restore_seconds = restore_started.elapsed().as_secs_f64();
             let committed = match committed
                 .find_partition(&self.input_topic, partition)
@@ -164,13 +182,6 @@ impl GroupContext {
             let (_, end) = consumer
                 .fetch_watermarks(&self.input_topic, partition, REQUEST_TIMEOUT)
                 .map_err(|e| format!("input partition {partition}: {e}"))?;
-            let (store, local) = match &self.stores {
-                Some(stores) => {
-                    let (store, meta, local) = self.open_store(stores, partition, &changelog)?;
-                    (Some((store, meta)), local)
-                }
-                None => (None, false),
-            };
             let plan = match &store {
                 Some((_, meta)) if local => RecoveryPlan::local(
                     meta.next_offset,
@@ -213,32 +224,52 @@ impl GroupContext {
 impl GroupContext {
     /// Opens a partition's local store and decides whether the task can resume
     /// on it: only if it survived the crash (same boot) and the changelog's last
-    /// marker is its own, so that it knows every key any backup wrote. Otherwise
-    /// the store is recreated empty and the task restores from the changelog.
-    fn open_store(
-        &self,
-        stores: &Stores,
-        partition: i32,
-        changelog: &ChangelogState,
-    ) -> Result<(TaskStore, StoreMeta, bool), String> {
+    /// marker is its own, so that it knows every key any backup wrote (in mode
+    /// none there is no changelog: the store is all there is). Only the
+    /// changelog's tail is read for that. Otherwise the store is recreated empty
+    /// and the task restores from the changelog.
+    fn open_store(&self, stores: &Stores, partition: i32) -> Result<LocalStore, String> {
         let path = stores.root.join(format!("{}-{partition}", self.input_topic));
         let (store, meta) = TaskStore::open(&path, stores.budget).map_err(|e| e.to_string())?;
         let Some(meta) = meta else {
-            return Ok((store, TaskStore::new_meta(0), false));
+            return Ok(LocalStore::Fresh(store));
         };
-        let own_marker = changelog.marker.as_ref().map(|m| m.writer) == Some(meta.store_id);
         let refused = if !meta.trusted_after_crash() {
             "the machine restarted since its last write"
-        } else if self.controller.mode == Mode::None || own_marker {
-            return Ok((store, meta, true));
+        } else if self.controller.mode == Mode::None {
+            return Ok(LocalStore::Usable {
+                store,
+                meta,
+                marker: None,
+            });
         } else {
+            let marker = self.loader.last_marker(partition).map_err(|e| e.to_string())?;
+            if marker.as_ref().map(|m| m.writer) == Some(meta.store_id) {
+                return Ok(LocalStore::Usable {
+                    store,
+                    meta,
+                    marker: marker.map(Box::new),
+                });
+            }
             "the changelog's last marker is not this store's (the partition moved, or the store is older)"
         };
         tracing::info!(partition, path = %path.display(), reason = refused, "local store not used; restoring from the changelog");
         drop(store);
         let store = TaskStore::recreate(&path, stores.budget).map_err(|e| e.to_string())?;
-        Ok((store, TaskStore::new_meta(0), false))
+        Ok(LocalStore::Fresh(store))
     }
+}
+
+/// What a partition's local store offers a starting task.
+enum LocalStore {
+    /// Exact at its offset; `marker` is the changelog's last (its own).
+    Usable {
+        store: TaskStore,
+        meta: StoreMeta,
+        marker: Option<Box<BackupMarker>>,
+    },
+    /// Empty: the task restores from the changelog into it.
+    Fresh(TaskStore),
 }
 
 impl ConsumerContext for GroupContext {
