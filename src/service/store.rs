@@ -129,6 +129,10 @@ fn options(budget: StoreBudget) -> Options {
         budget.cache_bytes.saturating_sub(2 * buffer).max(1 << 20),
     ));
     table.set_bloom_filter(10.0, false);
+    // Index and filter blocks count against the cache, so the budget holds
+    // however many keys the store has.
+    table.set_cache_index_and_filter_blocks(true);
+    table.set_pin_l0_filter_and_index_blocks_in_cache(true);
     options.set_block_based_table_factory(&table);
     options.set_compression_type(rocksdb::DBCompressionType::Lz4);
     options

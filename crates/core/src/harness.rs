@@ -651,6 +651,9 @@ where
                     break;
                 }
             }
+            // The service writes a store-backed state after every poll batch.
+            self.driver.stage_state();
+            self.driver.state_durable();
             if taken_total == 0 && self.driver.readiness().is_err() && !self.deliver(true) {
                 self.report.violations.push(Violation::Stalled {
                     next_offset: self.next_offset,

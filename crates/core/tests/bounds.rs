@@ -16,8 +16,8 @@ use afstream_core::harness::{simulate, SimulatedTask, SimulationOptions, Simulat
 use afstream_core::operators::*;
 use afstream_core::workloads;
 use afstream_core::{
-    ControllerConfig, ControllerFaults, DriverFaults, ExactInterval, FailurePolicy, GlobalThresholds, Mode, Operator,
-    Placement, ThresholdPolicy,
+    ControllerConfig, ControllerFaults, DriverFaults, ExactInterval, FailurePolicy, GlobalThresholds, MemoryKeyStore,
+    Mode, Operator, Placement, ThresholdPolicy,
 };
 use proptest::prelude::*;
 
@@ -232,6 +232,25 @@ proptest! {
         let stream = workloads::text_lines(1_000, 8, 200, seed);
         let config = WordCountConfig { divergence: afstream_core::Norm::L1, max_words_per_line: 8 };
         let build = move || WordCount::new(config).unwrap();
+        let cfg = controller(&build(), Mode::Approximate, theta, items, 32);
+        final_drift_within_bound(&build, cfg, &stream, &failures)?;
+    }
+
+    #[test]
+    fn word_count_on_a_store_with_a_tiny_memory_budget_stays_within_the_bound(
+        seed in any::<u64>(),
+        theta in 1.0..400.0f64,
+        items in 1u64..32,
+        resident in 0usize..16,
+        max_norm in any::<bool>(),
+        failures in failures(1_000),
+    ) {
+        let stream = workloads::text_lines(1_000, 8, 200, seed);
+        let divergence = if max_norm { afstream_core::Norm::Max } else { afstream_core::Norm::L1 };
+        let config = WordCountConfig { divergence, max_words_per_line: 8 };
+        // Each recovery starts on an empty store (a lost node) and restores
+        // from the changelog; most words live only in the store between batches.
+        let build = move || WordCount::with_store(config, Box::new(MemoryKeyStore::write_through()), resident).unwrap();
         let cfg = controller(&build(), Mode::Approximate, theta, items, 32);
         final_drift_within_bound(&build, cfg, &stream, &failures)?;
     }

@@ -45,6 +45,8 @@ struct MemoryInner {
     durable: Records,
     staged: Vec<(u8, Vec<u8>, StoredSlot)>,
     writes: u64,
+    /// Staged records are durable at once.
+    write_through: bool,
 }
 
 /// An in-memory [`KeyStore`] whose staged records become durable on
@@ -59,6 +61,14 @@ pub struct MemoryKeyStore {
 impl MemoryKeyStore {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A store whose staged records are durable at once, for adapters that
+    /// never crash between staging and writing (the in-memory harness).
+    pub fn write_through() -> Self {
+        let store = Self::default();
+        store.lock().write_through = true;
+        store
     }
 
     fn lock(&self) -> MutexGuard<'_, MemoryInner> {
@@ -100,6 +110,7 @@ impl KeyStore for MemoryKeyStore {
                 durable: inner.durable.clone(),
                 staged: inner.staged.clone(),
                 writes: inner.writes,
+                write_through: inner.write_through,
             })),
         })
     }
@@ -109,7 +120,12 @@ impl KeyStore for MemoryKeyStore {
     }
 
     fn stage(&mut self, tag: u8, key: &[u8], record: StoredSlot) {
-        self.lock().staged.push((tag, key.to_vec(), record));
+        let mut inner = self.lock();
+        if inner.write_through {
+            inner.durable.insert((tag, key.to_vec()), record);
+        } else {
+            inner.staged.push((tag, key.to_vec(), record));
+        }
     }
 
     fn for_each_drifted(&self, tag: u8, each: &mut RecordVisitor<'_>) -> Result<(), CoreError> {
