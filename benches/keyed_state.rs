@@ -54,13 +54,21 @@ fn config() -> WordCountConfig {
     }
 }
 
-/// Peak resident memory of this process so far, in MiB.
-fn peak_rss_mib() -> f64 {
+/// A memory figure of this process from /proc (`VmHWM`: the peak so far,
+/// `VmRSS`: now), in MiB.
+fn memory_mib(field: &str) -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .find_map(|line| line.strip_prefix(field))
+        .and_then(|rest| {
+            rest.trim_start_matches(':')
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
@@ -100,24 +108,23 @@ fn run_case(case: &str, dir: &Path) {
     match case {
         "memory" => {
             let lines = lines(env_number("AFSTREAM_BENCH_KEYS", 10_000_000));
+            let dataset = memory_mib("VmRSS");
             let operator = WordCount::new(config()).expect("word count");
             let (rate, engine) = ingest(operator, &lines, None);
-            println!(
-                "{rate} {} {} 0",
-                peak_rss_mib(),
-                engine.driver.operator().iter().count()
-            );
+            let words = engine.driver.operator().iter().count();
+            println!("{rate} {} {words} 0 {dataset}", memory_mib("VmHWM"));
         }
         "rocksdb" => {
             let lines = lines(env_number("AFSTREAM_BENCH_KEYS", 10_000_000));
+            let dataset = memory_mib("VmRSS");
             let path = dir.join("ingest");
             let (store, _) = TaskStore::open(&path, BUDGET).expect("open the store");
             let operator =
                 WordCount::with_store(config(), store.key_store(), BUDGET.resident_keys).expect("word count");
             let (rate, engine) = ingest(operator, &lines, Some(&store));
             println!(
-                "{rate} {} {} {}",
-                peak_rss_mib(),
+                "{rate} {} {} {} {dataset}",
+                memory_mib("VmHWM"),
                 engine.driver.operator().iter().count(),
                 dir_mib(&path)
             );
@@ -196,19 +203,22 @@ fn main() {
 
     let memory = child("memory", &dir);
     let rocksdb = child("rocksdb", &dir);
-    println!("| state | words/s | / in memory | peak RSS (MiB) | words in memory at the end | store on disk (MiB) |");
-    println!("| --- | --- | --- | --- | --- | --- |");
     println!(
-        "| in memory | {:.0} | 1 | {:.0} | {:.0} | |",
-        memory[0], memory[1], memory[2]
+        "| state | words/s | / in memory | peak RSS (MiB) | of which the input lines (MiB) | words in memory at the end | store on disk (MiB) |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    println!(
+        "| in memory | {:.0} | 1 | {:.0} | {:.0} | {:.0} | |",
+        memory[0], memory[1], memory[4], memory[2]
     );
     println!(
-        "| RocksDB (cache {} MiB, {} resident words) | {:.0} | {:.3} | {:.0} | {:.0} | {:.0} |",
+        "| RocksDB (cache {} MiB, {} resident words) | {:.0} | {:.3} | {:.0} | {:.0} | {:.0} | {:.0} |",
         BUDGET.cache_bytes >> 20,
         BUDGET.resident_keys,
         rocksdb[0],
         rocksdb[0] / memory[0],
         rocksdb[1],
+        rocksdb[4],
         rocksdb[2],
         rocksdb[3]
     );

@@ -70,7 +70,7 @@ fn describe() {
     );
     describe_counter!(
         "afstream_recoveries_total",
-        "Task starts, by source (marker, committed, beginning) and whether a failure was counted."
+        "Task starts, by source (marker, committed, beginning, local_store) and whether a failure was counted."
     );
     describe_counter!(
         "afstream_restored_records_total",

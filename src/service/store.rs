@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use rocksdb::{BlockBasedOptions, Cache, Direction, IteratorMode, Options, WriteBatch, DB};
+use rocksdb::{BlockBasedIndexType, BlockBasedOptions, Cache, Direction, IteratorMode, Options, WriteBatch, DB};
 
 use super::ServiceError;
 use crate::core::entry::PayloadReader;
@@ -130,8 +130,15 @@ fn options(budget: StoreBudget) -> Options {
     ));
     table.set_bloom_filter(10.0, false);
     // Index and filter blocks count against the cache, so the budget holds
-    // however many keys the store has.
+    // however many keys the store has. Partitioned, so that each is a small
+    // block: a whole-file filter of millions of keys is larger than a cache
+    // shard, would never stay cached, and would be read from the file on every
+    // lookup of a new key.
+    table.set_index_type(BlockBasedIndexType::TwoLevelIndexSearch);
+    table.set_partition_filters(true);
+    table.set_metadata_block_size(4096);
     table.set_cache_index_and_filter_blocks(true);
+    table.set_pin_top_level_index_and_filter(true);
     table.set_pin_l0_filter_and_index_blocks_in_cache(true);
     options.set_block_based_table_factory(&table);
     options.set_compression_type(rocksdb::DBCompressionType::Lz4);

@@ -289,7 +289,6 @@ impl RecoveryPlan {
         match (mode, last_marker) {
             (Mode::None, _) | (_, None) => match committed {
                 Some(offset) => RecoveryPlan {
-                    resume_offset: offset,
                     source: ResumeSource::Committed,
                     ..RecoveryPlan::fresh(offset)
                 },

@@ -352,6 +352,26 @@ fn a_clean_stop_takes_a_complete_backup_and_a_clean_marker() {
 }
 
 #[test]
+fn a_clean_stop_waits_for_the_backup_in_flight_before_its_own() {
+    let mut c = running(config(Mode::Approximate, 2.0, 1000, 100));
+    let mut actions = Vec::new();
+    c.item_processed(0, 0, 5.0, 0, &mut actions);
+    let [(open, BackupScope::Drifted)] = backups(&actions)[..] else {
+        panic!("over θ: a backup {actions:?}")
+    };
+    actions.clear();
+    c.begin_stop(&mut actions);
+    assert!(
+        backups(&actions).is_empty(),
+        "backup {open} is in flight: the final one waits for it ({actions:?})"
+    );
+    let actions = complete_backup(&mut c, open);
+    let [(_, BackupScope::Complete)] = backups(&actions)[..] else {
+        panic!("then the final complete backup: {actions:?}")
+    };
+}
+
+#[test]
 fn a_recovery_writes_its_failure_count_before_taking_input() {
     let config = config(Mode::Approximate, 100.0, 1000, 100);
     let plan = RecoveryPlan {
