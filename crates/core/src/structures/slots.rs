@@ -188,11 +188,16 @@ impl DriftSlots {
                 let drift = (value - backed).abs();
                 self.running_max = self.running_max.max(drift);
                 self.since_complete = self.since_complete.max(drift);
-                if drift > self.write_threshold() || self.flags[index as usize] & OVER != 0 {
+                if drift > self.write_threshold() || self.has(index, OVER) {
                     self.update_over(index, (old - backed).abs(), drift);
                 }
             }
         }
+    }
+
+    #[inline]
+    fn has(&self, index: u32, flag: u8) -> bool {
+        self.flags[index as usize] & flag != 0
     }
 
     #[inline]
@@ -227,8 +232,11 @@ impl DriftSlots {
     /// searched again only when the slot that held it shrinks.
     #[cold]
     fn update_over(&mut self, index: u32, old_drift: f64, drift: f64) {
-        let flagged = self.flags[index as usize] & OVER != 0;
-        let held_max = flagged && old_drift >= self.over_max;
+        let flagged = self.has(index, OVER);
+        // Only a flagged slot can hold the maximum (an unflagged drift is under
+        // the threshold, every flagged one over it); with none flagged the
+        // maximum is 0 and searching the empty list again costs nothing.
+        let held_max = old_drift >= self.over_max;
         if drift > self.write_threshold() {
             if !flagged {
                 self.flags[index as usize] |= OVER;
@@ -667,6 +675,59 @@ mod tests {
         slots.add(3, 12.0);
         assert_eq!(slots.divergence(), 12.0);
         assert_eq!(indices(slots.backup(2, BackupScope::Drifted)), vec![1, 3]);
+    }
+
+    #[test]
+    fn a_drift_of_exactly_half_theta_is_not_written() {
+        let mut slots = DriftSlots::new(Norm::Max, 2);
+        slots.set_theta(10.0);
+        slots.set(0, 5.0);
+        slots.set(1, 5.5);
+        assert_eq!(indices(slots.backup(1, BackupScope::Drifted)), vec![1], "over θ/2 only");
+        slots.acknowledge(1);
+        slots.set_theta(10.0);
+        assert!(slots.backup(2, BackupScope::Drifted).is_empty(), "nor after a rescan");
+        slots.set(0, 8.0);
+        slots.set(0, 5.0);
+        assert!(
+            slots.backup(3, BackupScope::Drifted).is_empty(),
+            "nor once a drift over θ/2 shrinks back to it"
+        );
+    }
+
+    #[test]
+    fn a_rescan_measures_drift_from_the_acknowledged_value() {
+        let mut slots = DriftSlots::new(Norm::Max, 1);
+        slots.set_theta(100.0);
+        slots.set(0, 10.0);
+        assert_eq!(indices(slots.backup(1, BackupScope::Complete)), vec![0]);
+        slots.acknowledge(1);
+        slots.set(0, 11.0);
+        slots.set_theta(4.0);
+        assert!(
+            slots.backup(2, BackupScope::Drifted).is_empty(),
+            "a drift of 1 is under θ/2 = 2"
+        );
+    }
+
+    #[test]
+    fn an_acknowledged_complete_backup_resets_the_max_norm_bound() {
+        let mut slots = DriftSlots::new(Norm::Max, 2);
+        slots.set_theta(10.0);
+        slots.set(0, 3.0);
+        assert_eq!(slots.divergence(), 3.0);
+        assert_eq!(indices(slots.backup(1, BackupScope::Complete)), vec![0]);
+        slots.acknowledge(1);
+        assert_eq!(slots.divergence(), 0.0, "the state equals its backup");
+    }
+
+    #[test]
+    fn a_slot_restored_after_it_was_listed_is_not_written() {
+        let mut slots = DriftSlots::new(Norm::KeyCount, 0);
+        let index = slots.push();
+        slots.restore(index, 5.0);
+        assert_eq!(slots.divergence(), 0.0);
+        assert!(slots.backup(1, BackupScope::Drifted).is_empty());
     }
 
     #[test]
