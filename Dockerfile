@@ -10,4 +10,7 @@ FROM debian:bookworm-slim
 RUN apt-get update -qq && apt-get install -y -qq ca-certificates >/dev/null && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/afstream /usr/local/bin/afstream
 COPY configs /configs
+# Relative state_dir paths (the configs' `afstream-state`) land here; mount a
+# volume on it so that local stores survive the container.
+WORKDIR /var/lib/afstream
 ENTRYPOINT ["afstream"]

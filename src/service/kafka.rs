@@ -249,6 +249,41 @@ impl ChangelogLoader {
         reader.finish().map_err(|e| self.error(partition, e))
     }
 
+    /// Hands the partition's records to `apply` in log order, `chunk` at a time,
+    /// so that a restore into a local store never holds the whole changelog;
+    /// returns how many records it read. Applying every record in order gives
+    /// what the latest record per key gives (later records for a key win).
+    pub fn stream(
+        &self,
+        partition: i32,
+        chunk: usize,
+        mut apply: impl FnMut(&[BackupEntry]) -> Result<(), String>,
+    ) -> Result<u64, KafkaSetupError> {
+        let mut batch = Vec::with_capacity(chunk);
+        let mut records = 0u64;
+        let mut failed: Option<String> = None;
+        self.reader
+            .read_all(&self.topic, partition, |message| {
+                if failed.is_some() {
+                    return;
+                }
+                records += 1;
+                batch.push(entry_of(message));
+                if batch.len() >= chunk {
+                    failed = apply(&batch).err();
+                    batch.clear();
+                }
+            })
+            .map_err(|e| self.error(partition, e))?;
+        if failed.is_none() && !batch.is_empty() {
+            failed = apply(&batch).err();
+        }
+        match failed {
+            Some(reason) => Err(self.error(partition, reason)),
+            None => Ok(records),
+        }
+    }
+
     /// The partition's last marker (how far its task got), read from the end
     /// backwards in growing windows.
     pub fn last_marker(&self, partition: i32) -> Result<Option<BackupMarker>, KafkaSetupError> {

@@ -30,13 +30,15 @@ use super::state::lock_state_dir;
 use super::store::{StoreBudget, StoreMeta, TaskStore};
 use super::ServiceError;
 use crate::core::{
-    Ack, BackupEntry, BackupMarker, ChangelogState, ControllerConfig, DriverStats, Mode, Placement, RecoveryPlan,
-    Rejected, TaskDriver, TaskIo, ThresholdPolicy,
+    Ack, BackupEntry, BackupMarker, ControllerConfig, DriverStats, Mode, Placement, RecoveryPlan, Rejected, TaskDriver,
+    TaskIo, ThresholdPolicy,
 };
 
 /// Where a partition with no marker and no committed offset starts (the
 /// consumer's `auto.offset.reset = earliest` moves it past a deleted head).
 const START_OFFSET: u64 = 0;
+/// Changelog records a restore applies (and writes to the local store) at a time.
+const RESTORE_CHUNK: usize = 10_000;
 /// Records a task takes from its partition queue at a time.
 const POLL_BATCH: usize = 500;
 /// The shortest and longest sleep of an idle loop round.
@@ -83,11 +85,10 @@ struct Topics {
 /// A partition handed over by a rebalance, with what its task restores.
 struct Assigned {
     partition: i32,
-    changelog: ChangelogState,
-    committed: Option<u64>,
     /// The input partition's end when it was assigned.
     end: u64,
-    /// How long reading the changelog took.
+    /// How long opening the store and reading the last marker took (the
+    /// changelog itself is streamed when the task starts).
     restore_seconds: f64,
     /// Where the task resumes and why.
     plan: RecoveryPlan,
@@ -103,9 +104,10 @@ struct Stores {
     budget: StoreBudget,
 }
 
-/// The consumer's context: rebalances restore each new partition's changelog
-/// and start it at its recovery point before it is assigned, so no record is
-/// fetched from anywhere else.
+/// The consumer's context: a rebalance decides each new partition's recovery
+/// point (its local store, or the changelog's last marker) and sets it before
+/// the partition is assigned, so no record is fetched from anywhere else; the
+/// task streams the changelog into its state when it starts.
 struct GroupContext {
     group: String,
     input_topic: String,
@@ -156,20 +158,20 @@ impl GroupContext {
                 Some(stores) => Some(self.open_store(stores, partition)?),
                 None => None,
             };
-            let (changelog, store, local) = match local {
-                Some(LocalStore::Usable { store, meta, marker }) => {
-                    let changelog = ChangelogState {
-                        entries: Vec::new(),
-                        marker: marker.map(|m| *m),
-                        records: 0,
-                    };
-                    (changelog, Some((store, meta)), true)
-                }
-                Some(LocalStore::Fresh(store)) => {
-                    let changelog = self.loader.load(partition).map_err(|e| e.to_string())?;
-                    (changelog, Some((store, TaskStore::new_meta(0))), false)
-                }
-                None => (self.loader.load(partition).map_err(|e| e.to_string())?, None, false),
+            // Only the last marker is read here, to decide where to resume; a
+            // task restoring from the changelog streams it when it starts.
+            let (marker, store, local) = match local {
+                Some(LocalStore::Usable { store, meta, marker }) => (marker.map(|m| *m), Some((store, meta)), true),
+                Some(LocalStore::Fresh(store)) => (
+                    self.loader.last_marker(partition).map_err(|e| e.to_string())?,
+                    Some((store, TaskStore::new_meta(0))),
+                    false,
+                ),
+                None => (
+                    self.loader.last_marker(partition).map_err(|e| e.to_string())?,
+                    None,
+                    false,
+                ),
             };
             let restore_seconds = restore_started.elapsed().as_secs_f64();
             let committed = match committed
@@ -185,12 +187,12 @@ impl GroupContext {
             let plan = match &store {
                 Some((_, meta)) if local => RecoveryPlan::local(
                     meta.next_offset,
-                    changelog.marker.as_ref(),
+                    marker.as_ref(),
                     self.controller.policy.for_failures(0).outputs,
                 ),
                 _ => RecoveryPlan::decide(
                     self.controller.mode,
-                    changelog.marker.as_ref(),
+                    marker.as_ref(),
                     committed,
                     START_OFFSET,
                     self.controller.constants,
@@ -200,8 +202,6 @@ impl GroupContext {
                 .map_err(|e| format!("input partition {partition}: {e}"))?;
             assigned.push(Assigned {
                 partition,
-                changelog,
-                committed,
                 end: end.max(0) as u64,
                 restore_seconds,
                 plan,
@@ -562,35 +562,48 @@ impl<O: ServiceOperator> Task<O> {
         let (mut key, mut value) = (Vec::new(), Vec::new());
         let mut io = Self::io(shared, partition, &mut flight, &mut key, &mut value);
         let plan = assigned.plan;
-        let driver = if assigned.local {
+        let mut restored_records = 0;
+        let mut restore_seconds = assigned.restore_seconds;
+        if assigned.local {
             let drifted = operator.load_local_state().map_err(restore_error)?;
             tracing::info!(
                 partition,
                 drifted,
                 "local store reopened; its drifted keys are owed to the next backup"
             );
-            TaskDriver::start(controller, operator, &plan, now_ms, &mut io).map_err(restore_error)?
         } else {
-            let (driver, decided) = TaskDriver::recover(
-                controller,
-                operator,
-                &assigned.changelog,
-                assigned.committed,
-                START_OFFSET,
-                now_ms,
-                &mut io,
-            )
-            .map_err(restore_error)?;
-            debug_assert_eq!(decided.resume_offset, plan.resume_offset);
-            driver
-        };
+            let started = Instant::now();
+            let loader = &shared.consumer.context().loader;
+            restored_records = loader
+                .stream(partition, RESTORE_CHUNK, |entries| {
+                    operator.restore(entries).map_err(|e| e.to_string())?;
+                    if let Some((store, meta)) = &assigned.store {
+                        // Written as it is read, so memory holds one chunk; the
+                        // offset is the one the task resumes at.
+                        operator.stage_state();
+                        let meta = StoreMeta {
+                            next_offset: plan.resume_offset,
+                            ..meta.clone()
+                        };
+                        store.write(&meta).map_err(|e| e.to_string())?;
+                        operator.state_durable();
+                    }
+                    Ok(())
+                })
+                .map_err(|e| ServiceError::Task {
+                    partition,
+                    message: format!("restoring from the changelog: {e}"),
+                })?;
+            restore_seconds += started.elapsed().as_secs_f64();
+        }
+        let driver = TaskDriver::start(controller, operator, &plan, now_ms, &mut io).map_err(restore_error)?;
         let thresholds = driver.controller().thresholds();
         TaskMetrics::started(
             &shared.group,
             assigned.partition,
             &plan,
-            assigned.changelog.records,
-            assigned.restore_seconds,
+            restored_records,
+            restore_seconds,
         );
         if plan.counted_failure {
             tracing::warn!(
@@ -598,7 +611,7 @@ impl<O: ServiceOperator> Task<O> {
                 source = ?plan.source,
                 resume_offset = plan.resume_offset,
                 failures = plan.failures,
-                restored_records = assigned.changelog.records,
+                restored_records = restored_records,
                 bound_state = plan.introduced.state,
                 bound_outputs = plan.introduced.outputs,
                 theta = thresholds.theta,
@@ -612,7 +625,7 @@ impl<O: ServiceOperator> Task<O> {
                 source = ?plan.source,
                 resume_offset = plan.resume_offset,
                 failures = plan.failures,
-                restored_records = assigned.changelog.records,
+                restored_records = restored_records,
                 theta = thresholds.theta,
                 l = thresholds.items,
                 gamma = thresholds.outputs,

@@ -693,6 +693,14 @@ mod tests {
             slots.backup(3, BackupScope::Drifted).is_empty(),
             "nor once a drift over θ/2 shrinks back to it"
         );
+        slots.set(0, 8.0);
+        assert_eq!(indices(slots.backup(4, BackupScope::Drifted)), vec![0]);
+        slots.set(0, 13.0);
+        slots.acknowledge(4);
+        assert!(
+            slots.backup(5, BackupScope::Drifted).is_empty(),
+            "nor when an acknowledgement leaves it at θ/2"
+        );
     }
 
     #[test]
