@@ -730,6 +730,20 @@ mod tests {
     }
 
     #[test]
+    fn a_restore_takes_back_the_slots_own_drift() {
+        for norm in [Norm::L1, Norm::L2] {
+            let mut slots = DriftSlots::new(norm, 2);
+            slots.set(0, 10.0);
+            slots.backup(1, BackupScope::Drifted);
+            slots.acknowledge(1);
+            slots.set(0, 12.0);
+            slots.set(1, 4.0);
+            slots.restore(0, 3.0);
+            assert_eq!(slots.divergence(), 4.0, "{norm:?}: only slot 1 drifts, by 4");
+        }
+    }
+
+    #[test]
     fn a_slot_restored_after_it_was_listed_is_not_written() {
         let mut slots = DriftSlots::new(Norm::KeyCount, 0);
         let index = slots.push();
