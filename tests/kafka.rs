@@ -171,6 +171,24 @@ fn independent_bound(
     policy.bound_after(kills, constants).state
 }
 
+/// Σ |count − exact count| over every word.
+fn l1_error(counts: &HashMap<String, f64>, exact: &HashMap<String, f64>) -> f64 {
+    exact
+        .iter()
+        .map(|(word, count)| (counts.get(word).copied().unwrap_or(0.0) - count).abs())
+        .sum()
+}
+
+/// The bound of `kills` failures of the tests' WordCount on one partition.
+fn word_count_bound(thresholds: (f64, u64, u64), kills: u32) -> f64 {
+    let op = WordCount::new(WordCountConfig {
+        max_words_per_line: MAX_WORDS,
+        ..WordCountConfig::default()
+    })
+    .expect("word count");
+    independent_bound(thresholds, op.constants(), op.norm().is_additive(), 1, kills)
+}
+
 #[test]
 fn word_count_survives_three_sigkills_within_the_bound() {
     let dir = test_dir("wc-kill");
@@ -193,16 +211,8 @@ fn word_count_survives_three_sigkills_within_the_bound() {
     let service = run_to_end(&p, "final.log");
 
     let counts = output_counts(&broker, &p.output);
-    let error: f64 = exact
-        .iter()
-        .map(|(word, count)| (counts.get(word).copied().unwrap_or(0.0) - count).abs())
-        .sum();
-    let op = WordCount::new(WordCountConfig {
-        max_words_per_line: MAX_WORDS,
-        ..WordCountConfig::default()
-    })
-    .expect("word count");
-    let bound = independent_bound(thresholds, op.constants(), op.norm().is_additive(), 1, 3);
+    let error = l1_error(&counts, &exact);
+    let bound = word_count_bound(thresholds, 3);
     assert!(error <= bound, "L1 error {error} over the bound {bound} of 3 failures");
 
     let mut recoveries = Vec::new();
@@ -530,16 +540,8 @@ fn word_count_without_its_local_store_recovers_from_the_changelog_within_the_bou
     let recoveries = logged_recoveries(&log_lines(&service.log, "recovered from a failure").join("\n"));
     assert_eq!(recoveries.len(), 1, "the restart recovered from the changelog");
     let counts = changelog_counts(&broker, &p);
-    let error: f64 = exact
-        .iter()
-        .map(|(word, count)| (counts.get(word).copied().unwrap_or(0.0) - count).abs())
-        .sum();
-    let op = WordCount::new(WordCountConfig {
-        max_words_per_line: MAX_WORDS,
-        ..WordCountConfig::default()
-    })
-    .expect("word count");
-    let bound = independent_bound(thresholds, op.constants(), op.norm().is_additive(), 1, 1);
+    let error = l1_error(&counts, &exact);
+    let bound = word_count_bound(thresholds, 1);
     assert!(error <= bound, "L1 error {error} over the bound {bound} of one failure");
     assert!(error <= recoveries[0].bound_state + 1e-9);
 }
