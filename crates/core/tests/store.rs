@@ -263,31 +263,85 @@ fn only_drifted_keys_and_the_budget_stay_in_memory() {
 
 #[test]
 fn a_restart_owes_every_key_a_backup_in_flight_wrote() {
+    for norm in [Norm::L1, Norm::Max] {
+        let store = MemoryKeyStore::new();
+        let mut table: TrackedTable<u64> = TrackedTable::with_store(TAG, norm, Box::new(store.clone()), 0);
+        table.set_theta(4.0);
+        table.add(&1, 5.0).unwrap();
+        let mut entries = Vec::new();
+        table.backup(0, BackupScope::Complete, &mut entries);
+        table.acknowledge(0);
+        table.add(&1, 5.0).unwrap();
+        entries.clear();
+        table.backup(1, BackupScope::Drifted, &mut entries);
+        assert_eq!(entries.len(), 1, "{norm:?}");
+        // Back to the acknowledged value while backup 1 (value 10) is in flight.
+        table.add(&1, -5.0).unwrap();
+        if norm == Norm::L1 {
+            assert_eq!(table.divergence(), 0.0);
+        }
+        table.stage_changes();
+        store.write();
+        table.changes_durable();
+        drop(table);
+
+        let mut restarted: TrackedTable<u64> = TrackedTable::with_store(TAG, norm, Box::new(store.clone()), 0);
+        restarted.set_theta(4.0);
+        assert_eq!(restarted.load_drifted().unwrap(), 1, "{norm:?}");
+        entries.clear();
+        restarted.backup(2, BackupScope::Drifted, &mut entries);
+        assert_eq!(
+            entries.len(),
+            1,
+            "{norm:?}: backup 1 may have reached the changelog with 10: write 5 again"
+        );
+        assert_eq!(restarted.lookup(&1).unwrap(), Some(5.0));
+    }
+}
+
+#[test]
+fn a_restart_measures_a_large_max_norm_drift_exactly() {
     let store = MemoryKeyStore::new();
-    let mut table: TrackedTable<u64> = TrackedTable::with_store(TAG, Norm::L1, Box::new(store.clone()), 0);
-    table.add(&1, 5.0).unwrap();
-    let mut entries = Vec::new();
-    table.backup(0, BackupScope::Drifted, &mut entries);
-    table.acknowledge(0);
-    table.add(&1, 5.0).unwrap();
-    entries.clear();
-    table.backup(1, BackupScope::Drifted, &mut entries);
-    // Back to the acknowledged value while backup 1 (value 10) is in flight.
-    table.add(&1, -5.0).unwrap();
-    assert_eq!(table.divergence(), 0.0);
+    let mut table: TrackedTable<u64> = TrackedTable::with_store(TAG, Norm::Max, Box::new(store.clone()), 0);
+    table.set_theta(10.0);
+    table.add(&1, 30.0).unwrap();
     table.stage_changes();
     store.write();
     table.changes_durable();
     drop(table);
+    let mut restarted: TrackedTable<u64> = TrackedTable::with_store(TAG, Norm::Max, Box::new(store.clone()), 0);
+    restarted.set_theta(10.0);
+    restarted.load_drifted().unwrap();
+    assert_eq!(
+        restarted.divergence(),
+        30.0,
+        "over θ: exact, so that it triggers a backup"
+    );
+}
 
-    let mut restarted: TrackedTable<u64> = TrackedTable::with_store(TAG, Norm::L1, Box::new(store.clone()), 0);
-    assert_eq!(restarted.load_drifted().unwrap(), 1);
-    entries.clear();
-    restarted.backup(2, BackupScope::Drifted, &mut entries);
+#[test]
+fn a_max_norm_table_over_its_budget_writes_its_small_drifts_so_they_can_leave_memory() {
+    let store = MemoryKeyStore::new();
+    let mut table: TrackedTable<u64> = TrackedTable::with_store(TAG, Norm::Max, Box::new(store.clone()), 2);
+    table.set_theta(100.0);
+    for key in 0..10 {
+        table.add(&key, 1.0).unwrap();
+    }
+    table.stage_changes();
+    store.write();
+    table.changes_durable();
+    assert_eq!(table.len(), 10, "drifts of 1 (under θ/2) are not clean");
+    let mut entries = Vec::new();
+    table.backup(0, BackupScope::Drifted, &mut entries);
     assert_eq!(
         entries.len(),
-        1,
-        "backup 1 may have reached the changelog with 10: write 5 again"
+        10,
+        "over the budget: the backup writes the small drifts too"
     );
-    assert_eq!(restarted.lookup(&1).unwrap(), Some(5.0));
+    table.acknowledge(0);
+    table.stage_changes();
+    store.write();
+    table.changes_durable();
+    assert_eq!(table.len(), 0, "then they are clean and leave memory");
+    assert_eq!(table.lookup(&3).unwrap(), Some(1.0));
 }

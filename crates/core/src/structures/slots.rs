@@ -195,6 +195,14 @@ impl DriftSlots {
         }
     }
 
+    /// Max difference: the next backup writes this slot whatever its drift.
+    fn owe(&mut self, index: u32) {
+        if !self.has(index, OWED) {
+            self.flags[index as usize] |= OWED;
+            self.owed.push(index);
+        }
+    }
+
     #[inline]
     fn has(&self, index: u32, flag: u8) -> bool {
         self.flags[index as usize] & flag != 0
@@ -443,11 +451,7 @@ impl DriftSlots {
         for (index, _) in failed.values {
             self.mark_changed(index);
             if self.norm == Norm::Max {
-                let flags = &mut self.flags[index as usize];
-                if *flags & OWED == 0 {
-                    *flags |= OWED;
-                    self.owed.push(index);
-                }
+                self.owe(index);
             } else {
                 self.mark_dirty(index);
             }
@@ -513,10 +517,7 @@ impl DriftSlots {
                     Norm::Max => {
                         self.running_max = self.running_max.max(d.abs());
                         self.since_complete = self.since_complete.max(d.abs());
-                        if self.flags[i] & OWED == 0 {
-                            self.flags[i] |= OWED;
-                            self.owed.push(index);
-                        }
+                        self.owe(index);
                         if d.abs() > self.write_threshold() {
                             self.update_over(index, 0.0, d.abs());
                         }
@@ -538,7 +539,7 @@ impl DriftSlots {
         let mut changed = std::mem::take(&mut self.changed);
         for &index in &changed {
             let i = index as usize;
-            if self.flags[i] & CHANGED == 0 {
+            if !self.has(index, CHANGED) {
                 continue;
             }
             self.flags[i] &= !CHANGED;
@@ -736,11 +737,25 @@ mod tests {
             slots.set(0, 10.0);
             slots.backup(1, BackupScope::Drifted);
             slots.acknowledge(1);
-            slots.set(0, 12.0);
+            slots.set(0, 13.0);
             slots.set(1, 4.0);
             slots.restore(0, 3.0);
             assert_eq!(slots.divergence(), 4.0, "{norm:?}: only slot 1 drifts, by 4");
         }
+    }
+
+    #[test]
+    fn a_restored_max_norm_slot_is_no_longer_over_theta() {
+        let mut slots = DriftSlots::new(Norm::Max, 3);
+        slots.set_theta(10.0);
+        slots.set(0, 8.0);
+        slots.set(1, 9.0);
+        slots.restore(0, 8.0);
+        assert_eq!(
+            indices(slots.backup(1, BackupScope::Drifted)),
+            vec![1],
+            "the restored slot equals its backup; the other is still over θ/2"
+        );
     }
 
     #[test]
