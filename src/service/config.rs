@@ -79,6 +79,12 @@ pub struct PipelineConfig {
     /// partition per input partition.
     #[serde(default)]
     pub changelog_topic: Option<String>,
+    /// Where refused input records go (those that do not decode and those the
+    /// operator rejects), with headers naming their source and the reason.
+    /// Default: `<group_id>-dead-letters`. Created when missing, one partition
+    /// per input partition.
+    #[serde(default)]
+    pub dead_letter_topic: Option<String>,
     pub format: Format,
     /// The pipeline's local state directory (relative to the working
     /// directory). A process locks it for its group, so two processes never
@@ -117,6 +123,12 @@ impl PipelineConfig {
         self.changelog_topic
             .clone()
             .unwrap_or_else(|| format!("{group_id}-changelog"))
+    }
+
+    pub fn dead_letter_topic(&self, group_id: &str) -> String {
+        self.dead_letter_topic
+            .clone()
+            .unwrap_or_else(|| format!("{group_id}-dead-letters"))
     }
 }
 
@@ -251,12 +263,16 @@ fn validate(config: &Config) -> Result<(), String> {
     }
     let pipeline = &config.pipeline;
     let changelog = pipeline.changelog_topic(&config.kafka.group_id);
-    if changelog == pipeline.input_topic
-        || changelog == pipeline.output_topic
-        || pipeline.input_topic == pipeline.output_topic
-    {
+    let dead_letters = pipeline.dead_letter_topic(&config.kafka.group_id);
+    let topics = [
+        pipeline.input_topic.as_str(),
+        &pipeline.output_topic,
+        &changelog,
+        &dead_letters,
+    ];
+    if topics.iter().enumerate().any(|(i, a)| topics[..i].contains(a)) {
         return Err(format!(
-            "the input ({}), output ({}) and changelog ({changelog}) topics must differ",
+            "the input ({}), output ({}), changelog ({changelog}) and dead-letter ({dead_letters}) topics must differ",
             pipeline.input_topic, pipeline.output_topic
         ));
     }
@@ -319,6 +335,7 @@ max_unacked = 500
     fn a_good_file_parses_with_defaults() {
         let config = parse(GOOD, &no_env).expect("valid");
         assert_eq!(config.pipeline.changelog_topic("wc"), "wc-changelog");
+        assert_eq!(config.pipeline.dead_letter_topic("wc"), "wc-dead-letters");
         assert_eq!(
             config.kafka.properties.get("fetch.wait.max.ms").map(String::as_str),
             Some("10")
@@ -354,6 +371,13 @@ max_unacked = 500
         assert!(parse(&format, &no_env).unwrap_err().contains("format"));
         let same = GOOD.replace("output_topic = \"counts\"", "output_topic = \"lines\"");
         assert!(parse(&same, &no_env).unwrap_err().contains("must differ"));
+        let dead = GOOD.replace(
+            "format = \"text\"",
+            "format = \"text\"\ndead_letter_topic = \"wc-changelog\"",
+        );
+        assert!(parse(&dead, &no_env)
+            .unwrap_err()
+            .contains("dead-letter (wc-changelog)"));
         let interval = GOOD.replace("max_unacked = 500", "max_unacked = 500\nexact_interval_ms = 100");
         assert!(parse(&interval, &no_env).unwrap_err().contains("exact_interval"));
     }

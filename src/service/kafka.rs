@@ -9,7 +9,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::message::{BorrowedMessage, Message, OwnedHeaders};
 use rdkafka::producer::{DeliveryResult, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
@@ -326,6 +326,8 @@ pub enum Delivery {
     BackupRecord { partition: i32, seq: u64 },
     /// The marker of backup `seq`.
     Marker { partition: i32, seq: u64 },
+    /// The dead letter of the refused input record at `offset` of `partition`.
+    DeadLetter { partition: i32, offset: u64 },
 }
 
 const VALUE_BITS: u32 = 46;
@@ -340,6 +342,7 @@ impl Delivery {
             Delivery::Output { partition, offset } => (0u64, partition, offset),
             Delivery::BackupRecord { partition, seq } => (1, partition, seq),
             Delivery::Marker { partition, seq } => (2, partition, seq),
+            Delivery::DeadLetter { partition, offset } => (3, partition, offset),
         };
         let partition = (partition as u64) & ((1 << PARTITION_BITS) - 1);
         ((kind << (VALUE_BITS + PARTITION_BITS)) | (partition << VALUE_BITS) | (value & Self::MAX_VALUE)) as usize
@@ -350,7 +353,8 @@ impl Delivery {
         match self {
             Delivery::Output { partition, .. }
             | Delivery::BackupRecord { partition, .. }
-            | Delivery::Marker { partition, .. } => partition,
+            | Delivery::Marker { partition, .. }
+            | Delivery::DeadLetter { partition, .. } => partition,
         }
     }
 
@@ -364,12 +368,16 @@ impl Delivery {
                 offset: value,
             },
             1 => Delivery::BackupRecord { partition, seq: value },
-            _ => Delivery::Marker { partition, seq: value },
+            2 => Delivery::Marker { partition, seq: value },
+            _ => Delivery::DeadLetter {
+                partition,
+                offset: value,
+            },
         }
     }
 }
 
-/// A failed record, kept so that an output can be sent again.
+/// A failed record, kept so that an output or a dead letter can be sent again.
 #[derive(Clone, Debug)]
 pub struct FailedRecord {
     pub error: String,
@@ -377,6 +385,7 @@ pub struct FailedRecord {
     pub partition: i32,
     pub key: Option<Vec<u8>>,
     pub value: Option<Vec<u8>>,
+    pub headers: Option<OwnedHeaders>,
 }
 
 /// A delivery report.
@@ -400,7 +409,11 @@ impl DeliveryReports {
     }
 }
 
-impl ClientContext for DeliveryReports {}
+impl ClientContext for DeliveryReports {
+    fn error(&self, error: KafkaError, reason: &str) {
+        super::metrics::broker_error("producer", &error, reason);
+    }
+}
 
 impl ProducerContext for DeliveryReports {
     type DeliveryOpaque = usize;
@@ -414,6 +427,7 @@ impl ProducerContext for DeliveryReports {
                 partition: message.partition(),
                 key: message.key().map(<[u8]>::to_vec),
                 value: message.payload().map(<[u8]>::to_vec),
+                headers: message.headers().map(|headers| headers.detach()),
             }),
         };
         if let Ok(mut events) = self.events.lock() {
@@ -445,6 +459,10 @@ mod tests {
                 seq: 123_456,
             },
             Delivery::Marker { partition: 3, seq: 9 },
+            Delivery::DeadLetter {
+                partition: 65_535,
+                offset: 17,
+            },
         ] {
             assert_eq!(Delivery::unpack(delivery.pack()), delivery);
         }

@@ -27,85 +27,157 @@ pub fn serve(address: &str) -> Result<SocketAddr, ServiceError> {
     Ok(socket)
 }
 
-fn describe() {
-    use metrics::{describe_counter, describe_gauge};
-    describe_counter!(
+/// Whether a metric counts up or stands at a value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricKind {
+    Counter,
+    Gauge,
+}
+
+/// Every metric afstream serves, with its help text (the README lists the same,
+/// and the Grafana dashboard uses only these: a test checks both).
+pub const METRICS: &[(&str, MetricKind, &str)] = &[
+    (
         "afstream_items_processed_total",
-        "Input records the task processed (rejected ones included)."
-    );
-    describe_counter!(
+        MetricKind::Counter,
+        "Input records the task processed (rejected ones included).",
+    ),
+    (
         "afstream_records_rejected_total",
-        "Input records the operator rejected."
-    );
-    describe_counter!(
+        MetricKind::Counter,
+        "Input records refused: those that did not decode and those the operator rejected.",
+    ),
+    (
         "afstream_records_undecodable_total",
-        "Input records that did not decode (skipped, logged)."
-    );
-    describe_counter!(
+        MetricKind::Counter,
+        "Input records that did not decode (counted in afstream_records_rejected_total too).",
+    ),
+    (
+        "afstream_dead_letters_total",
+        MetricKind::Counter,
+        "Refused records sent to the dead-letter topic.",
+    ),
+    (
+        "afstream_dead_letters_acknowledged_total",
+        MetricKind::Counter,
+        "Dead letters the broker acknowledged.",
+    ),
+    (
         "afstream_outputs_produced_total",
-        "Output records sent to the producer."
-    );
-    describe_counter!(
+        MetricKind::Counter,
+        "Output records sent to the producer.",
+    ),
+    (
         "afstream_outputs_acknowledged_total",
-        "Output records the broker acknowledged."
-    );
-    describe_counter!("afstream_backups_total", "Backups issued to the changelog.");
-    describe_counter!("afstream_backup_entries_total", "Changelog records written by backups.");
-    describe_counter!(
+        MetricKind::Counter,
+        "Output records the broker acknowledged.",
+    ),
+    (
+        "afstream_backups_total",
+        MetricKind::Counter,
+        "Backups issued to the changelog.",
+    ),
+    (
+        "afstream_backup_entries_total",
+        MetricKind::Counter,
+        "Changelog records written by backups.",
+    ),
+    (
         "afstream_backup_bytes_total",
-        "Bytes of changelog records written by backups."
-    );
-    describe_counter!(
+        MetricKind::Counter,
+        "Bytes of changelog records written by backups.",
+    ),
+    (
         "afstream_backups_failed_total",
-        "Backups whose delivery failed (re-issued)."
-    );
-    describe_counter!("afstream_markers_total", "Backup markers written.");
-    describe_counter!(
+        MetricKind::Counter,
+        "Backups whose delivery failed (re-issued).",
+    ),
+    ("afstream_markers_total", MetricKind::Counter, "Backup markers written."),
+    (
         "afstream_commits_total",
-        "Group offsets stored after acknowledged markers."
-    );
-    describe_counter!(
+        MetricKind::Counter,
+        "Group offsets stored after acknowledged markers.",
+    ),
+    (
         "afstream_stalls_total",
-        "Poll batches in which input waited for an acknowledgement."
-    );
-    describe_counter!(
+        MetricKind::Counter,
+        "Poll batches in which input waited for an acknowledgement.",
+    ),
+    (
         "afstream_recoveries_total",
-        "Task starts, by source (marker, committed, beginning, local_store) and whether a failure was counted."
-    );
-    describe_counter!(
+        MetricKind::Counter,
+        "Task starts, by source (marker, committed, beginning, local_store) and whether a failure was counted.",
+    ),
+    (
         "afstream_restored_records_total",
-        "Changelog records read at task starts."
-    );
-    describe_gauge!(
+        MetricKind::Counter,
+        "Changelog records read at task starts.",
+    ),
+    (
         "afstream_divergence",
-        "Divergence of the state from its last acknowledged backup."
-    );
-    describe_gauge!("afstream_theta", "The task's current θ.");
-    describe_gauge!(
+        MetricKind::Gauge,
+        "Divergence of the state from its last acknowledged backup.",
+    ),
+    ("afstream_theta", MetricKind::Gauge, "The task's current θ."),
+    (
         "afstream_items_threshold",
-        "The task's current l: items past the last marker."
-    );
-    describe_gauge!(
+        MetricKind::Gauge,
+        "The task's current l: items past the last marker.",
+    ),
+    (
         "afstream_outputs_threshold",
-        "The task's current γ: unacknowledged outputs."
-    );
-    describe_gauge!(
+        MetricKind::Gauge,
+        "The task's current γ: unacknowledged outputs.",
+    ),
+    (
         "afstream_items_past_marker",
-        "Items processed past the last acknowledged marker."
-    );
-    describe_gauge!("afstream_unacknowledged_outputs", "Outputs not yet acknowledged.");
-    describe_gauge!(
+        MetricKind::Gauge,
+        "Items processed past the last acknowledged marker.",
+    ),
+    (
+        "afstream_unacknowledged_outputs",
+        MetricKind::Gauge,
+        "Outputs not yet acknowledged.",
+    ),
+    (
         "afstream_failures",
-        "Failures k the task has recovered from (persisted in its markers)."
-    );
-    describe_gauge!(
+        MetricKind::Gauge,
+        "Failures k the task has recovered from (persisted in its markers).",
+    ),
+    (
         "afstream_recovery_error_bound",
-        "Worst-case state error the task's last recovery may have introduced."
-    );
-    describe_gauge!(
+        MetricKind::Gauge,
+        "Worst-case state error the task's last recovery may have introduced.",
+    ),
+    (
+        "afstream_broker_errors_total",
+        MetricKind::Counter,
+        "Errors librdkafka reported on its connections to the brokers (it retries with backoff).",
+    ),
+    (
+        "afstream_brokers_up",
+        MetricKind::Gauge,
+        "Brokers the consumer is connected to (from librdkafka's statistics).",
+    ),
+    (
         "afstream_restore_seconds",
-        "How long the task's last start took to read its changelog and restore."
-    );
+        MetricKind::Gauge,
+        "How long the task's last start took to read its changelog and restore.",
+    ),
+    (
+        "afstream_consumer_lag",
+        MetricKind::Gauge,
+        "Input records past the group's committed offset, which follows the acknowledged markers.",
+    ),
+];
+
+fn describe() {
+    for &(name, kind, help) in METRICS {
+        match kind {
+            MetricKind::Counter => metrics::describe_counter!(name, help),
+            MetricKind::Gauge => metrics::describe_gauge!(name, help),
+        }
+    }
 }
 
 /// One task's metric handles, registered once (no lookups on the hot path).
@@ -115,6 +187,8 @@ pub struct TaskMetrics {
     undecodable: Counter,
     outputs: Counter,
     outputs_acknowledged: Counter,
+    dead_letters: Counter,
+    dead_letters_acknowledged: Counter,
     backups: Counter,
     backup_entries: Counter,
     backup_bytes: Counter,
@@ -151,6 +225,8 @@ impl TaskMetrics {
             undecodable: counter!("afstream_records_undecodable_total", &labels),
             outputs: counter!("afstream_outputs_produced_total", &labels),
             outputs_acknowledged: counter!("afstream_outputs_acknowledged_total", &labels),
+            dead_letters: counter!("afstream_dead_letters_total", &labels),
+            dead_letters_acknowledged: counter!("afstream_dead_letters_acknowledged_total", &labels),
             backups: counter!("afstream_backups_total", &labels),
             backup_entries: counter!("afstream_backup_entries_total", &labels),
             backup_bytes: counter!("afstream_backup_bytes_total", &labels),
@@ -199,12 +275,17 @@ impl TaskMetrics {
         self.outputs_acknowledged.increment(count);
     }
 
+    pub fn dead_letters_acknowledged(&self, count: u64) {
+        self.dead_letters_acknowledged.increment(count);
+    }
+
     /// Publishes what changed since the last call.
     pub fn publish(&mut self, stats: DriverStats, undecodable: u64, position: &TaskPosition) {
         let before = self.published;
         self.items.increment(stats.items - before.items);
         self.rejected.increment(stats.rejected - before.rejected);
         self.outputs.increment(stats.outputs - before.outputs);
+        self.dead_letters.increment(stats.dead_letters - before.dead_letters);
         self.backups.increment(stats.backups - before.backups);
         self.backup_entries
             .increment(stats.backup_entries - before.backup_entries);
@@ -224,5 +305,93 @@ impl TaskMetrics {
         self.items_past_marker.set(position.items_past_marker as f64);
         self.unacknowledged_outputs.set(position.unacknowledged_outputs as f64);
         self.failures.set(position.failures as f64);
+    }
+}
+
+/// A client-wide error from librdkafka (a broker went away, all brokers are
+/// down, a request timed out): logged and counted. librdkafka reconnects with
+/// backoff by itself, and the tasks wait for the acknowledgements they need, so
+/// an outage stalls the pipeline without failing it.
+pub fn broker_error(client: &'static str, error: &rdkafka::error::KafkaError, reason: &str) {
+    use rdkafka::error::RDKafkaErrorCode;
+    let code = error.rdkafka_error_code();
+    if code == Some(RDKafkaErrorCode::AllBrokersDown) {
+        tracing::error!(client, %error, reason, "all brokers are down; reconnecting with backoff");
+    } else {
+        tracing::warn!(client, %error, reason, "broker connection trouble; librdkafka retries");
+    }
+    let code = code.map_or_else(|| "other".to_string(), |code| format!("{code:?}"));
+    counter!("afstream_broker_errors_total", "client" => client, "code" => code).increment(1);
+}
+
+/// The brokers the consumer is connected to, from its statistics.
+pub fn brokers_up(group: &str, up: usize) {
+    gauge!("afstream_brokers_up", "group" => group.to_string()).set(up as f64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// The `afstream_…` names a text mentions.
+    fn names_in(text: &str) -> BTreeSet<String> {
+        text.match_indices("afstream_")
+            .map(|(at, _)| {
+                text[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect::<String>()
+            })
+            .filter(|name| name.len() > "afstream_".len())
+            .collect()
+    }
+
+    fn listed() -> BTreeSet<String> {
+        METRICS.iter().map(|(name, _, _)| name.to_string()).collect()
+    }
+
+    fn repo_file(path: &str) -> String {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    #[test]
+    fn every_metric_registered_is_described_and_every_described_one_is_in_the_readme() {
+        let source = include_str!("metrics.rs");
+        let code = &source[..source.find("#[cfg(test)]").unwrap_or(source.len())];
+        let used = names_in(code);
+        assert_eq!(used, listed(), "metrics registered here against those in METRICS");
+        let readme = names_in(&repo_file("README.md"));
+        let missing: Vec<_> = listed().difference(&readme).cloned().collect();
+        assert!(missing.is_empty(), "the README does not list {missing:?}");
+        for (name, kind, _) in METRICS {
+            assert_eq!(
+                name.ends_with("_total"),
+                *kind == MetricKind::Counter,
+                "{name}: counters, and only counters, end in _total"
+            );
+        }
+    }
+
+    #[test]
+    fn the_dashboard_and_the_scrape_config_use_only_metrics_afstream_serves() {
+        let dashboard = repo_file("configs/monitoring/grafana/dashboards/afstream.json");
+        let parsed: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+        let panels = parsed["panels"].as_array().map_or(0, Vec::len);
+        assert!(panels >= 6, "the dashboard has {panels} panels");
+        let used = names_in(&dashboard);
+        let unknown: Vec<_> = used.difference(&listed()).cloned().collect();
+        assert!(unknown.is_empty(), "the dashboard queries unknown metrics {unknown:?}");
+        for shown in [
+            "afstream_items_processed_total",
+            "afstream_divergence",
+            "afstream_theta",
+            "afstream_consumer_lag",
+            "afstream_recoveries_total",
+            "afstream_recovery_error_bound",
+        ] {
+            assert!(used.contains(shown), "the dashboard does not show {shown}");
+        }
     }
 }

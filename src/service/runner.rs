@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::Message;
+use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaRespErr;
@@ -44,6 +44,11 @@ const POLL_BATCH: usize = 500;
 /// The shortest and longest sleep of an idle loop round.
 const IDLE_WAIT_MIN: Duration = Duration::from_micros(100);
 const IDLE_WAIT_MAX: Duration = Duration::from_millis(5);
+/// The headers of a dead letter: where its record came from and why it was refused.
+pub const DEAD_LETTER_TOPIC_HEADER: &str = "afstream.source.topic";
+pub const DEAD_LETTER_PARTITION_HEADER: &str = "afstream.source.partition";
+pub const DEAD_LETTER_OFFSET_HEADER: &str = "afstream.source.offset";
+pub const DEAD_LETTER_REASON_HEADER: &str = "afstream.reason";
 /// How long a clean stop may take before the process gives up on it.
 const STOP_DEADLINE: Duration = Duration::from_secs(30);
 
@@ -80,6 +85,7 @@ struct Topics {
     input: String,
     output: String,
     changelog: String,
+    dead_letters: String,
 }
 
 /// A partition handed over by a rebalance, with what its task restores.
@@ -123,6 +129,13 @@ impl ClientContext for GroupContext {
     /// librdkafka's statistics (with `statistics.interval.ms`): the lag of each
     /// assigned partition behind its committed offset, which follows the markers.
     fn stats(&self, statistics: Statistics) {
+        // Bootstrap entries (node id -1) are addresses, not brokers.
+        let up = statistics
+            .brokers
+            .values()
+            .filter(|broker| broker.nodeid >= 0 && broker.state == "UP")
+            .count();
+        super::metrics::brokers_up(&self.group, up);
         let Some(topic) = statistics.topics.get(&self.input_topic) else {
             return;
         };
@@ -131,6 +144,10 @@ impl ClientContext for GroupContext {
                 TaskMetrics::consumer_lag(&self.group, *partition, stats.consumer_lag as f64);
             }
         }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        super::metrics::broker_error("consumer", &error, reason);
     }
 }
 
@@ -369,6 +386,8 @@ struct KafkaIo<'a, O> {
     flight: &'a mut Flight,
     key: &'a mut Vec<u8>,
     value: &'a mut Vec<u8>,
+    /// The records being processed, as they came (for dead letters).
+    records: RawRecords<'a>,
     operator: PhantomData<O>,
 }
 
@@ -444,8 +463,58 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
         }
     }
 
-    fn rejected(&mut self, offset: u64, reason: &Rejected) {
-        tracing::warn!(partition = self.partition, offset, %reason, "the operator rejected a record; skipped");
+    fn rejected(&mut self, offset: u64, reason: &Rejected) -> u64 {
+        let topics = self.shared.topics;
+        tracing::warn!(
+            partition = self.partition, offset, %reason,
+            "input record refused; it goes to the dead-letter topic {}", topics.dead_letters
+        );
+        let (key, value) = self.records.get(offset).unwrap_or_else(|| {
+            tracing::error!(
+                partition = self.partition,
+                offset,
+                "the refused record is not in its batch; its dead letter is empty"
+            );
+            (None, None)
+        });
+        let partition = self.partition.to_string();
+        let offset_text = offset.to_string();
+        let reason_text = reason.to_string();
+        let headers = OwnedHeaders::new_with_capacity(4)
+            .insert(Header {
+                key: DEAD_LETTER_TOPIC_HEADER,
+                value: Some(topics.input.as_str()),
+            })
+            .insert(Header {
+                key: DEAD_LETTER_PARTITION_HEADER,
+                value: Some(partition.as_str()),
+            })
+            .insert(Header {
+                key: DEAD_LETTER_OFFSET_HEADER,
+                value: Some(offset_text.as_str()),
+            })
+            .insert(Header {
+                key: DEAD_LETTER_REASON_HEADER,
+                value: Some(reason_text.as_str()),
+            });
+        let delivery = Delivery::DeadLetter {
+            partition: self.partition,
+            offset,
+        };
+        let mut record = BaseRecord::with_opaque_to(&topics.dead_letters, delivery.pack()).headers(headers);
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        if let Some(value) = value {
+            record = record.payload(value);
+        }
+        if let Err(error) = send(self.shared.producer, record) {
+            self.flight.fatal.get_or_insert(format!(
+                "producing a dead letter to {} (input partition {}, offset {offset}): {error}",
+                topics.dead_letters, self.partition
+            ));
+        }
+        1
     }
 }
 
@@ -458,13 +527,54 @@ struct Shared<'a> {
     topics: &'a Topics,
 }
 
-/// Decoded inputs of the current poll batch and their offsets; `taken` of the
-/// `filled` are processed. Reused from batch to batch, so decoding allocates
-/// only while the buffers grow.
+/// Where one record of a batch lies in its byte buffer.
+#[derive(Clone, Copy, Debug)]
+struct RawSpan {
+    key: Option<(usize, usize)>,
+    value: Option<(usize, usize)>,
+}
+
+/// A record's key and value as they came.
+type RawRecord<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
+
+/// The records of a batch as they came (keys and values back to back), so a
+/// refused one goes to the dead-letter topic unchanged.
+#[derive(Clone, Copy)]
+struct RawRecords<'a> {
+    offsets: &'a [u64],
+    spans: &'a [RawSpan],
+    bytes: &'a [u8],
+}
+
+impl<'a> RawRecords<'a> {
+    const NONE: RawRecords<'static> = RawRecords {
+        offsets: &[],
+        spans: &[],
+        bytes: &[],
+    };
+
+    /// The key and value of the record at `offset`, if it is in the batch.
+    fn get(&self, offset: u64) -> Option<RawRecord<'a>> {
+        let slot = self.offsets.binary_search(&offset).ok()?;
+        let span = self.spans.get(slot)?;
+        let bytes = self.bytes;
+        let part = |range: Option<(usize, usize)>| range.and_then(|(start, end)| bytes.get(start..end));
+        Some((part(span.key), part(span.value)))
+    }
+}
+
+/// The current poll batch: decoded inputs, their offsets and raw records;
+/// `taken` of the `filled` are processed. Reused from batch to batch, so it
+/// allocates only while its buffers grow.
 struct InputBatch<O: ServiceOperator> {
-    partition: i32,
     inputs: Vec<O::Input>,
     offsets: Vec<u64>,
+    spans: Vec<RawSpan>,
+    bytes: Vec<u8>,
+    /// The slots whose record did not decode, in order, with the reason;
+    /// `next_undecoded` indexes the first not yet taken.
+    undecoded: Vec<(usize, Rejected)>,
+    next_undecoded: usize,
     filled: usize,
     taken: usize,
     /// The next offset to read.
@@ -473,9 +583,33 @@ struct InputBatch<O: ServiceOperator> {
 }
 
 impl<O: ServiceOperator> InputBatch<O> {
-    /// Decodes a record into the batch; one that does not decode is counted,
-    /// logged and skipped (its offset still passes).
-    fn accept(&mut self, offset: u64, value: Option<&[u8]>) {
+    fn new(next_offset: u64) -> Self {
+        InputBatch {
+            inputs: Vec::new(),
+            offsets: Vec::new(),
+            spans: Vec::new(),
+            bytes: Vec::new(),
+            undecoded: Vec::new(),
+            next_undecoded: 0,
+            filled: 0,
+            taken: 0,
+            next_offset,
+            undecodable: 0,
+        }
+    }
+
+    fn clear(&mut self) {
+        self.filled = 0;
+        self.taken = 0;
+        self.spans.clear();
+        self.bytes.clear();
+        self.undecoded.clear();
+        self.next_undecoded = 0;
+    }
+
+    /// Adds a record to the batch; one that does not decode keeps its slot, to
+    /// be refused in its turn.
+    fn accept(&mut self, offset: u64, key: Option<&[u8]>, value: Option<&[u8]>) {
         if offset < self.next_offset {
             return; // Already taken (a record fetched before the queue was split).
         }
@@ -484,16 +618,25 @@ impl<O: ServiceOperator> InputBatch<O> {
             self.inputs.push(O::empty_input());
             self.offsets.push(0);
         }
-        match O::decode(value.unwrap_or_default(), &mut self.inputs[self.filled]) {
-            Ok(()) => {
-                self.offsets[self.filled] = offset;
-                self.filled += 1;
-            }
-            Err(reason) => {
-                self.undecodable += 1;
-                tracing::warn!(partition = self.partition, offset, %reason, "record does not decode; skipped");
-            }
+        self.offsets[self.filled] = offset;
+        let mut keep = |part: Option<&[u8]>| {
+            part.map(|part| {
+                let start = self.bytes.len();
+                self.bytes.extend_from_slice(part);
+                (start, self.bytes.len())
+            })
+        };
+        let span = RawSpan {
+            key: keep(key),
+            value: keep(value),
+        };
+        self.spans.push(span);
+        if let Err(reason) = O::decode(value.unwrap_or_default(), &mut self.inputs[self.filled]) {
+            self.undecodable += 1;
+            self.undecoded
+                .push((self.filled, Rejected(format!("does not decode: {reason}"))));
         }
+        self.filled += 1;
     }
 
     fn is_drained(&self) -> bool {
@@ -525,6 +668,7 @@ impl<O: ServiceOperator> Task<O> {
         flight: &'a mut Flight,
         key: &'a mut Vec<u8>,
         value: &'a mut Vec<u8>,
+        records: RawRecords<'a>,
     ) -> KafkaIo<'a, O> {
         KafkaIo {
             shared,
@@ -532,6 +676,7 @@ impl<O: ServiceOperator> Task<O> {
             flight,
             key,
             value,
+            records,
             operator: PhantomData,
         }
     }
@@ -560,7 +705,7 @@ impl<O: ServiceOperator> Task<O> {
         };
         let mut flight = Flight::default();
         let (mut key, mut value) = (Vec::new(), Vec::new());
-        let mut io = Self::io(shared, partition, &mut flight, &mut key, &mut value);
+        let mut io = Self::io(shared, partition, &mut flight, &mut key, &mut value, RawRecords::NONE);
         let plan = assigned.plan;
         let mut restored_records = 0;
         let mut restore_seconds = assigned.restore_seconds;
@@ -636,15 +781,7 @@ impl<O: ServiceOperator> Task<O> {
             partition: assigned.partition,
             driver,
             queue,
-            batch: InputBatch {
-                partition: assigned.partition,
-                inputs: Vec::new(),
-                offsets: Vec::new(),
-                filled: 0,
-                taken: 0,
-                next_offset: plan.resume_offset,
-                undecodable: 0,
-            },
+            batch: InputBatch::new(plan.resume_offset),
             end: assigned.end,
             flight,
             key,
@@ -682,7 +819,7 @@ impl<O: ServiceOperator> Task<O> {
                         tracing::warn!(partition = self.partition, seq, %error, "backup record not sent; the backup is retried");
                         self.flight.backup_record_done(seq, true);
                     }
-                    Delivery::Output { .. } => {}
+                    Delivery::Output { .. } | Delivery::DeadLetter { .. } => {}
                 }
             }
         }
@@ -705,14 +842,26 @@ impl<O: ServiceOperator> Task<O> {
     fn acknowledge(&mut self, shared: &Shared<'_>, ack: Ack) {
         // A backup's outcome moves the state's baseline, which the store keeps.
         self.flight.unwritten |= matches!(ack, Ack::BackupWritten(_) | Ack::BackupFailed(_));
-        let mut io = Self::io(shared, self.partition, &mut self.flight, &mut self.key, &mut self.value);
+        let mut io = Self::io(
+            shared,
+            self.partition,
+            &mut self.flight,
+            &mut self.key,
+            &mut self.value,
+            RawRecords::NONE,
+        );
         self.driver.acknowledge(ack, &mut io);
     }
 
     fn delivered(&mut self, shared: &Shared<'_>, event: DeliveryEvent) {
         match (event.delivery, event.failure) {
-            (Delivery::Output { offset, .. }, None) => {
-                self.metrics.outputs_acknowledged(1);
+            (delivery @ (Delivery::Output { offset, .. } | Delivery::DeadLetter { offset, .. }), None) => {
+                if matches!(delivery, Delivery::Output { .. }) {
+                    self.metrics.outputs_acknowledged(1);
+                } else {
+                    self.metrics.dead_letters_acknowledged(1);
+                }
+                // A dead letter is held like an output of its record.
                 self.acknowledge(
                     shared,
                     Ack::Output {
@@ -721,9 +870,12 @@ impl<O: ServiceOperator> Task<O> {
                     },
                 )
             }
-            (delivery @ Delivery::Output { offset, .. }, Some(failed)) => {
-                // An output is never given up: send it again, in order of failure.
-                tracing::warn!(partition = self.partition, offset, error = %failed.error, "output not delivered; sending it again");
+            (delivery @ (Delivery::Output { offset, .. } | Delivery::DeadLetter { offset, .. }), Some(failed)) => {
+                // Neither is ever given up: send it again, in order of failure.
+                tracing::warn!(
+                    partition = self.partition, offset, error = %failed.error, topic = %failed.topic,
+                    "record not delivered; sending it again"
+                );
                 let mut record = BaseRecord::with_opaque_to(&failed.topic, delivery.pack());
                 if let Some(key) = &failed.key {
                     record = record.key(key.as_slice());
@@ -731,10 +883,14 @@ impl<O: ServiceOperator> Task<O> {
                 if let Some(value) = &failed.value {
                     record = record.payload(value.as_slice());
                 }
+                if let Some(headers) = failed.headers {
+                    record = record.headers(headers);
+                }
                 if let Err(error) = send(shared.producer, record) {
-                    self.flight
-                        .fatal
-                        .get_or_insert(format!("sending an output again (input offset {offset}): {error}"));
+                    self.flight.fatal.get_or_insert(format!(
+                        "sending a record to {} again (input offset {offset}): {error}",
+                        failed.topic
+                    ));
                 }
             }
             (Delivery::BackupRecord { seq, .. }, failure) => {
@@ -760,13 +916,12 @@ impl<O: ServiceOperator> Task<O> {
         }
         let batch = &mut self.batch;
         if batch.is_drained() {
-            batch.taken = 0;
-            batch.filled = 0;
+            batch.clear();
             while batch.filled < POLL_BATCH {
                 match self.queue.poll(Duration::ZERO) {
                     Some(Ok(message)) => {
                         let offset = message.offset().max(0) as u64;
-                        batch.accept(offset, message.payload());
+                        batch.accept(offset, message.key(), message.payload());
                         worked = true;
                     }
                     Some(Err(error)) => {
@@ -777,27 +932,53 @@ impl<O: ServiceOperator> Task<O> {
                 }
             }
         }
-        let mut io = Self::io(shared, self.partition, &mut self.flight, &mut self.key, &mut self.value);
-        if !batch.is_drained() {
-            let items = batch.offsets[batch.taken..batch.filled]
-                .iter()
-                .copied()
-                .zip(&batch.inputs[batch.taken..batch.filled]);
-            match self.driver.process(items, now_ms, &mut io) {
-                Ok(taken) => {
-                    batch.taken += taken;
-                    worked |= taken > 0;
-                    io.flight.unwritten |= taken > 0;
+        // Field by field, so the batch's position can move while the driver
+        // reads its inputs and records.
+        let records = RawRecords {
+            offsets: &batch.offsets[..batch.filled],
+            spans: &batch.spans,
+            bytes: &batch.bytes,
+        };
+        let mut io = Self::io(
+            shared,
+            self.partition,
+            &mut self.flight,
+            &mut self.key,
+            &mut self.value,
+            records,
+        );
+        // Runs of decoded items go to the driver together; a record that did
+        // not decode is refused in its turn.
+        while !batch.is_drained() {
+            let refused = batch.undecoded.get(batch.next_undecoded);
+            let run_end = refused.map_or(batch.filled, |(slot, _)| *slot);
+            let taken = if batch.taken < run_end {
+                let items = batch.offsets[batch.taken..run_end]
+                    .iter()
+                    .copied()
+                    .zip(&batch.inputs[batch.taken..run_end]);
+                match self.driver.process(items, now_ms, &mut io) {
+                    Ok(taken) => taken,
+                    Err(error) => {
+                        io.flight
+                            .fatal
+                            .get_or_insert(format!("reading the task's state: {error}"));
+                        return true;
+                    }
                 }
-                Err(error) => {
-                    io.flight
-                        .fatal
-                        .get_or_insert(format!("reading the task's state: {error}"));
-                    return true;
-                }
-            }
-            if !batch.is_drained() {
+            } else if let Some((slot, reason)) = refused {
+                let taken = self.driver.refuse(batch.offsets[*slot], reason, now_ms, &mut io);
+                batch.next_undecoded += usize::from(taken);
+                usize::from(taken)
+            } else {
+                0
+            };
+            batch.taken += taken;
+            worked |= taken > 0;
+            io.flight.unwritten |= taken > 0;
+            if batch.taken < run_end || taken == 0 {
                 tracing::trace!(partition = self.partition, blocked = ?self.driver.readiness(), "input waits");
+                break;
             }
         }
         self.driver.tick(now_ms, &mut io);
@@ -828,7 +1009,14 @@ impl<O: ServiceOperator> Task<O> {
 
     fn begin_stop(&mut self, shared: &Shared<'_>) {
         self.before_stop = Some(self.driver.stats());
-        let mut io = Self::io(shared, self.partition, &mut self.flight, &mut self.key, &mut self.value);
+        let mut io = Self::io(
+            shared,
+            self.partition,
+            &mut self.flight,
+            &mut self.key,
+            &mut self.value,
+            RawRecords::NONE,
+        );
         self.driver.begin_stop(&mut io);
         self.settle(shared);
     }
@@ -864,6 +1052,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         input: pipeline.input_topic.clone(),
         output: pipeline.output_topic.clone(),
         changelog: pipeline.changelog_topic(&kafka.group_id),
+        dead_letters: pipeline.dead_letter_topic(&kafka.group_id),
     };
     let probe = O::build(operator_config, None)?;
     let _state_lock = match &pipeline.state_dir {
@@ -888,6 +1077,11 @@ pub fn run_pipeline<O: ServiceOperator>(
             },
             TopicSpec {
                 name: &topics.output,
+                partitions,
+                compacted: false,
+            },
+            TopicSpec {
+                name: &topics.dead_letters,
                 partitions,
                 compacted: false,
             },
@@ -1040,7 +1234,8 @@ pub fn run_pipeline<O: ServiceOperator>(
             // A record fetched before its partition's queue was split.
             Some(Ok(message)) => {
                 if let Some(task) = tasks.get_mut(&message.partition()) {
-                    task.batch.accept(message.offset().max(0) as u64, message.payload());
+                    task.batch
+                        .accept(message.offset().max(0) as u64, message.key(), message.payload());
                 }
                 worked = true;
             }

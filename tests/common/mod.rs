@@ -13,7 +13,7 @@ use afstream::service::config::KafkaConfig;
 use afstream::service::kafka::{partition_count, TopicReader};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::message::Message;
+use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 /// Set to a bootstrap address to run the suite against that cluster instead of
@@ -80,6 +80,31 @@ impl Broker {
         self.dir.is_some()
     }
 
+    /// Kills the project's own broker (SIGKILL: it goes away at once), keeps it
+    /// down for `down`, then starts it again on the same port and data (its
+    /// SQLite engine keeps every topic and offset).
+    pub fn outage(&self, down: Duration) {
+        let dir = self.dir.as_ref().expect("an outage needs the project's own broker");
+        for (command, deadline) in [("kill", "60"), ("restart", "180")] {
+            let output = Command::new("timeout")
+                .arg(deadline)
+                .arg(repo().join("scripts/broker"))
+                .arg(command)
+                .arg(dir)
+                .output()
+                .expect("run scripts/broker");
+            assert!(
+                output.status.success(),
+                "scripts/broker {command} failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            );
+            if command == "kill" {
+                std::thread::sleep(down);
+            }
+        }
+    }
+
     pub fn kafka(&self) -> KafkaConfig {
         KafkaConfig {
             bootstrap_servers: self.address.clone(),
@@ -113,6 +138,18 @@ impl Broker {
                         offset: m.offset(),
                         key: m.key().map(<[u8]>::to_vec),
                         value: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                        headers: m
+                            .headers()
+                            .map(|headers| {
+                                headers
+                                    .iter()
+                                    .map(|h| {
+                                        let value = String::from_utf8_lossy(h.value.unwrap_or_default());
+                                        (h.key.to_string(), value.into_owned())
+                                    })
+                                    .collect()
+                            })
+                            .unwrap_or_default(),
                     })
                 })
                 .unwrap_or_else(|e| panic!("reading {topic}[{partition}]: {e}"));
@@ -182,6 +219,16 @@ pub struct Record {
     pub offset: i64,
     pub key: Option<Vec<u8>>,
     pub value: Vec<u8>,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Record {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
 }
 
 /// The last value of every key (what a compacted output topic keeps).
@@ -203,12 +250,29 @@ pub struct Service {
 
 impl Service {
     pub fn start(config: &Path, log: &Path, stop_at_end: bool) -> Service {
+        Self::spawn(Command::new(env!("CARGO_BIN_EXE_afstream")), config, log, stop_at_end)
+    }
+
+    /// Starts `afstream run` with every file it writes limited to `kib` KiB
+    /// (`ulimit -f`, with SIGXFSZ ignored): a write past it fails with EFBIG, as
+    /// one fails with ENOSPC on a full disk.
+    pub fn start_with_file_size_limit(config: &Path, log: &Path, kib: u64) -> Service {
+        let mut command = Command::new("bash");
+        command.args([
+            "-c",
+            r#"trap '' XFSZ; ulimit -f "$0" && exec "$@""#,
+            &kib.to_string(),
+            env!("CARGO_BIN_EXE_afstream"),
+        ]);
+        Self::spawn(command, config, log, true)
+    }
+
+    fn spawn(mut command: Command, config: &Path, log: &Path, stop_at_end: bool) -> Service {
         let log_file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .expect("open the service log");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_afstream"));
         command
             .arg("run")
             .arg("--config")

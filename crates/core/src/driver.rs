@@ -31,9 +31,14 @@ pub trait TaskIo<Output> {
     /// Bookkeeping: the consumer group's offset may move to `offset`. Nothing
     /// waits for it.
     fn commit(&mut self, offset: u64);
-    /// The operator refused the item at `offset` (it still counts as read).
-    fn rejected(&mut self, offset: u64, reason: &Rejected) {
+    /// The record at `offset` was refused: it did not decode, or the operator
+    /// rejected it. It still counts as read. Returns how many records the adapter
+    /// sent for it (a dead letter, say); they are acknowledged like outputs
+    /// ([`Ack::Output`] of `offset`), so no marker passes the refused record
+    /// before they are durable, and a replay sends them again.
+    fn rejected(&mut self, offset: u64, reason: &Rejected) -> u64 {
         let _ = (offset, reason);
+        0
     }
 }
 
@@ -57,8 +62,11 @@ pub enum Ack {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct DriverStats {
     pub items: u64,
+    /// Records refused: undecodable, or rejected by the operator.
     pub rejected: u64,
     pub outputs: u64,
+    /// Records the adapter sent for refused ones (held like outputs).
+    pub dead_letters: u64,
     pub backups: u64,
     pub backup_entries: u64,
     pub backup_bytes: u64,
@@ -180,6 +188,26 @@ impl<O: Operator> TaskDriver<O> {
         }
     }
 
+    /// A record at `offset` that never became an item (it does not decode): it
+    /// is read like one and goes where rejected items go ([`TaskIo::rejected`]).
+    /// Returns false, taking nothing, when input must wait.
+    pub fn refuse(&mut self, offset: u64, reason: &Rejected, now_ms: u64, io: &mut impl TaskIo<O::Output>) -> bool {
+        if self.controller.readiness().is_err() {
+            self.controller.count_stall();
+            return false;
+        }
+        let sent = self.reject(offset, reason, io);
+        self.item_done(offset, sent, now_ms, io);
+        true
+    }
+
+    fn reject(&mut self, offset: u64, reason: &Rejected, io: &mut impl TaskIo<O::Output>) -> u64 {
+        self.stats.rejected += 1;
+        let sent = io.rejected(offset, reason);
+        self.stats.dead_letters += sent;
+        sent
+    }
+
     /// Whether the next item may be taken.
     pub fn readiness(&self) -> Result<(), Blocked> {
         self.controller.readiness()
@@ -220,30 +248,37 @@ impl<O: Operator> TaskDriver<O> {
         io: &mut impl TaskIo<O::Output>,
     ) -> Result<(), CoreError> {
         self.outputs.clear();
-        match self.operator.process(item, &mut self.outputs) {
-            Ok(()) => {}
+        let made = match self.operator.process(item, &mut self.outputs) {
+            Ok(()) => {
+                let made = self.outputs.len() as u64;
+                self.stats.outputs += made;
+                for output in self.outputs.drain(..) {
+                    io.send_output(offset, output);
+                }
+                made
+            }
             Err(ProcessError::Rejected(reason)) => {
-                self.stats.rejected += 1;
-                io.rejected(offset, &reason);
                 self.outputs.clear();
+                self.reject(offset, &reason, io)
             }
             Err(ProcessError::State(error)) => {
                 self.outputs.clear();
                 return Err(error);
             }
-        }
+        };
+        self.item_done(offset, made, now_ms, io);
+        Ok(())
+    }
+
+    /// The record at `offset` is read and `made` records went out for it.
+    #[inline]
+    fn item_done(&mut self, offset: u64, made: u64, now_ms: u64, io: &mut impl TaskIo<O::Output>) {
         self.stats.items += 1;
-        let made = self.outputs.len() as u64;
-        self.stats.outputs += made;
-        for output in self.outputs.drain(..) {
-            io.send_output(offset, output);
-        }
         self.controller
             .item_processed(offset, made, self.operator.divergence(), now_ms, &mut self.actions);
         if !self.actions.is_empty() {
             self.execute(io);
         }
-        Ok(())
     }
 
     /// Delivers one acknowledgement.

@@ -1,0 +1,141 @@
+//! The task driver's handling of refused records: what does not decode and what
+//! the operator rejects is read like an item, and whatever the adapter sends for
+//! it (a dead letter) is held like an output: no marker passes it unacknowledged.
+
+use afstream_core::operators::{WordCount, WordCountConfig};
+use afstream_core::{
+    Ack, BackupEntry, BackupMarker, ControllerConfig, FailurePolicy, GlobalThresholds, Mode, Operator, Placement,
+    RecoveryPlan, Rejected, TaskDriver, TaskIo, ThresholdPolicy,
+};
+
+/// Records what the driver asks for; every refused record gets one dead letter.
+#[derive(Default)]
+struct Recorder {
+    outputs: Vec<u64>,
+    dead_letters: Vec<(u64, String)>,
+    markers: Vec<BackupMarker>,
+    backups: Vec<u64>,
+    commits: Vec<u64>,
+}
+
+impl<Output> TaskIo<Output> for Recorder {
+    fn send_output(&mut self, item_offset: u64, _output: Output) {
+        self.outputs.push(item_offset);
+    }
+    fn write_backup(&mut self, seq: u64, _entries: &[BackupEntry]) {
+        self.backups.push(seq);
+    }
+    fn write_marker(&mut self, marker: &BackupMarker) {
+        self.markers.push(*marker);
+    }
+    fn commit(&mut self, offset: u64) {
+        self.commits.push(offset);
+    }
+    fn rejected(&mut self, offset: u64, reason: &Rejected) -> u64 {
+        self.dead_letters.push((offset, reason.to_string()));
+        1
+    }
+}
+
+fn word_count_driver(io: &mut Recorder, max_uncovered: u64) -> TaskDriver<WordCount> {
+    let operator = WordCount::new(WordCountConfig {
+        max_words_per_line: 3,
+        ..WordCountConfig::default()
+    })
+    .expect("a valid WordCount");
+    let constants = operator.constants();
+    let global = GlobalThresholds::new(1e9, max_uncovered, 1_000).expect("valid thresholds");
+    let policy = ThresholdPolicy::new(global, FailurePolicy::Halving, Placement::default(), true, constants)
+        .expect("a valid policy");
+    let config = ControllerConfig::new(Mode::Approximate, policy, constants);
+    let mut driver = TaskDriver::start(config, operator, &RecoveryPlan::fresh(0), 0, io).expect("a started driver");
+    let start = io.markers.pop().expect("a start marker");
+    driver.acknowledge(Ack::MarkerWritten(start.seq), io);
+    driver
+}
+
+/// Acknowledges every backup written so far.
+fn acknowledge_backups(driver: &mut TaskDriver<WordCount>, io: &mut Recorder) {
+    for seq in std::mem::take(&mut io.backups) {
+        driver.acknowledge(Ack::BackupWritten(seq), io);
+    }
+}
+
+#[test]
+fn refused_records_are_read_and_their_dead_letters_hold_back_the_marker() {
+    let mut io = Recorder::default();
+    let mut driver = word_count_driver(&mut io, 8);
+    let lines = ["a b".to_string(), "one two three four".to_string(), "c".to_string()];
+    let taken = driver
+        .process([(0, &lines[0]), (1, &lines[1]), (2, &lines[2])], 0, &mut io)
+        .expect("processed");
+    assert_eq!(taken, 3);
+    assert!(driver.refuse(3, &Rejected("not UTF-8 text".into()), 0, &mut io));
+    assert_eq!(
+        io.dead_letters,
+        vec![
+            (1, "line has 4 words, over max_words_per_line = 3".to_string()),
+            (3, "not UTF-8 text".to_string())
+        ],
+        "the operator's rejection and the undecodable record each get a dead letter"
+    );
+    let stats = driver.stats();
+    assert_eq!(
+        (stats.items, stats.rejected, stats.outputs, stats.dead_letters),
+        (4, 2, 3, 2)
+    );
+    assert_eq!(driver.controller().processed().offset, 4, "a refused record is read");
+    assert_eq!(driver.controller().unacknowledged_outputs(), 5);
+
+    // l = 8 gives this task l = 4: a backup is due every two records. A backup's
+    // entries and then its marker wait for every output and dead letter before
+    // its offset.
+    acknowledge_backups(&mut driver, &mut io);
+    for offset in [0, 0, 2, 1] {
+        driver.acknowledge(
+            Ack::Output {
+                item_offset: offset,
+                count: 1,
+            },
+            &mut io,
+        );
+        acknowledge_backups(&mut driver, &mut io);
+    }
+    assert!(
+        io.markers.iter().all(|m| m.input_offset <= 3),
+        "a marker passed the dead letter of offset 3 unacknowledged: {:?}",
+        io.markers
+    );
+    assert_eq!(io.markers.last().map(|m| m.input_offset), Some(2));
+    driver.acknowledge(
+        Ack::Output {
+            item_offset: 3,
+            count: 1,
+        },
+        &mut io,
+    );
+    acknowledge_backups(&mut driver, &mut io);
+    assert_eq!(
+        io.markers.last().map(|m| m.input_offset),
+        Some(4),
+        "the marker past offset 3 follows its dead letter"
+    );
+}
+
+#[test]
+fn a_refused_record_waits_like_an_item_when_input_must() {
+    let mut io = Recorder::default();
+    let mut driver = word_count_driver(&mut io, 2);
+    let line = "x".to_string();
+    let mut offset = 0;
+    // Take input, never acknowledging a marker, until the driver must wait.
+    while driver.process([(offset, &line)], 0, &mut io).expect("processed") == 1 {
+        offset += 1;
+        assert!(offset < 100, "input never had to wait");
+    }
+    let before = driver.stats();
+    assert!(!driver.refuse(offset, &Rejected("bad".into()), 0, &mut io));
+    assert!(io.dead_letters.is_empty(), "nothing is sent for a record not taken");
+    assert_eq!(driver.stats().items, before.items);
+    assert_eq!(driver.stats().stalls, before.stalls + 1);
+}
