@@ -381,11 +381,31 @@ impl Delivery {
 #[derive(Clone, Debug)]
 pub struct FailedRecord {
     pub error: String,
+    pub code: Option<RDKafkaErrorCode>,
     pub topic: String,
     pub partition: i32,
     pub key: Option<Vec<u8>>,
     pub value: Option<Vec<u8>>,
     pub headers: Option<OwnedHeaders>,
+}
+
+/// Whether a failed delivery would fail again however often it is sent: the
+/// record or the topic is refused for good (too large, invalid, not allowed,
+/// gone). Everything else (timeouts, a broker away, leadership moving) may
+/// pass, so it is sent again.
+pub fn is_permanent(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::InvalidMessageSize
+            | RDKafkaErrorCode::MessageBatchTooLarge
+            | RDKafkaErrorCode::InvalidRecord
+            | RDKafkaErrorCode::InvalidTopic
+            | RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+            | RDKafkaErrorCode::UnknownTopic
+            | RDKafkaErrorCode::UnknownPartition
+    )
 }
 
 /// A delivery report.
@@ -423,6 +443,7 @@ impl ProducerContext for DeliveryReports {
             Ok(_) => None,
             Err((error, message)) => Some(FailedRecord {
                 error: error.to_string(),
+                code: error.rdkafka_error_code(),
                 topic: message.topic().to_string(),
                 partition: message.partition(),
                 key: message.key().map(<[u8]>::to_vec),

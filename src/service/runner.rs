@@ -22,8 +22,8 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use super::codec::ServiceOperator;
 use super::config::Config;
 use super::kafka::{
-    client_config, ensure_topics, partition_count, ChangelogLoader, Delivery, DeliveryEvent, DeliveryReports,
-    KafkaSetupError, TopicSpec, REQUEST_TIMEOUT,
+    client_config, ensure_topics, is_permanent, partition_count, ChangelogLoader, Delivery, DeliveryEvent,
+    DeliveryReports, FailedRecord, KafkaSetupError, TopicSpec, REQUEST_TIMEOUT,
 };
 use super::metrics::{TaskMetrics, TaskPosition};
 use super::state::lock_state_dir;
@@ -49,6 +49,8 @@ pub const DEAD_LETTER_TOPIC_HEADER: &str = "afstream.source.topic";
 pub const DEAD_LETTER_PARTITION_HEADER: &str = "afstream.source.partition";
 pub const DEAD_LETTER_OFFSET_HEADER: &str = "afstream.source.offset";
 pub const DEAD_LETTER_REASON_HEADER: &str = "afstream.reason";
+/// How long a revocation waits for the records in flight to be delivered.
+const REVOKE_FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a clean stop may take before the process gives up on it.
 const STOP_DEADLINE: Duration = Duration::from_secs(30);
 
@@ -123,6 +125,8 @@ struct GroupContext {
     assigned: Mutex<Vec<Assigned>>,
     revoked: Mutex<Vec<i32>>,
     failure: Mutex<Option<String>>,
+    /// Flushed when partitions are revoked (see `rebalance`).
+    producers: [Arc<BaseProducer<DeliveryReports>>; 2],
 }
 
 impl ClientContext for GroupContext {
@@ -152,6 +156,17 @@ impl ClientContext for GroupContext {
 }
 
 impl GroupContext {
+    fn flush_producers(&self) {
+        for producer in &self.producers {
+            if let Err(error) = producer.flush(REVOKE_FLUSH_TIMEOUT) {
+                tracing::warn!(
+                    %error, in_flight = producer.in_flight_count(),
+                    "records still in flight when partitions were revoked; the next owner may read the changelog before they land"
+                );
+            }
+        }
+    }
+
     fn fail(&self, message: String) {
         tracing::error!("{message}");
         if let Ok(mut failure) = self.failure.lock() {
@@ -298,6 +313,13 @@ impl ConsumerContext for GroupContext {
                 }
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                // Every record a revoked task sent reaches the log (or fails)
+                // before the partition is released: the next owner, in this
+                // process or another, reads a changelog no late record of the
+                // old task will change, and the old task's delivery reports
+                // reach it, not its successor (the loop hands them out before
+                // it drops the task).
+                self.flush_producers();
                 if let Ok(mut revoked) = self.revoked.lock() {
                     revoked.extend(tpl.elements().iter().map(|e| e.partition()));
                 }
@@ -342,6 +364,41 @@ struct Flight {
     changelog: Vec<(BackupEntry, Delivery)>,
     /// Something changed that the next store write must hold.
     unwritten: bool,
+    /// Outputs and dead letters whose delivery failed, to send again once the
+    /// backoff has passed.
+    resend: Vec<(Delivery, FailedRecord)>,
+    retry: RetryBackoff,
+}
+
+/// After a failed delivery, nothing of the task goes out for a while, doubling
+/// from `RETRY_BACKOFF_MIN_MS` to `RETRY_BACKOFF_MAX_MS` while failures go on:
+/// a broker that answers with errors is not flooded with retries (the
+/// controller re-issues a failed backup or marker at once).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct RetryBackoff {
+    failures: u32,
+    until_ms: u64,
+}
+
+const RETRY_BACKOFF_MIN_MS: u64 = 100;
+const RETRY_BACKOFF_MAX_MS: u64 = 5_000;
+
+impl RetryBackoff {
+    fn failed(&mut self, now_ms: u64) {
+        let delay = RETRY_BACKOFF_MIN_MS
+            .saturating_mul(1 << self.failures.min(16))
+            .min(RETRY_BACKOFF_MAX_MS);
+        self.until_ms = self.until_ms.max(now_ms + delay);
+        self.failures = self.failures.saturating_add(1);
+    }
+
+    fn succeeded(&mut self) {
+        self.failures = 0;
+    }
+
+    fn holds(&self, now_ms: u64) -> bool {
+        now_ms < self.until_ms
+    }
 }
 
 impl Flight {
@@ -793,10 +850,33 @@ impl<O: ServiceOperator> Task<O> {
     }
 
     /// Writes the state changes to the local store (with the offset they are
-    /// exact at), then sends the changelog records held for that write.
-    fn flush(&mut self, shared: &Shared<'_>) -> bool {
-        if self.flight.changelog.is_empty() && !self.flight.unwritten {
+    /// exact at), then sends the changelog records held for that write; sends
+    /// failed outputs and dead letters again. Nothing goes out while a failed
+    /// delivery's backoff lasts.
+    fn flush(&mut self, shared: &Shared<'_>, now_ms: u64) -> bool {
+        if self.flight.retry.holds(now_ms) {
             return false;
+        }
+        let resent = !self.flight.resend.is_empty();
+        for (delivery, failed) in std::mem::take(&mut self.flight.resend) {
+            let mut record = BaseRecord::with_opaque_to(&failed.topic, delivery.pack());
+            if let Some(key) = &failed.key {
+                record = record.key(key.as_slice());
+            }
+            if let Some(value) = &failed.value {
+                record = record.payload(value.as_slice());
+            }
+            if let Some(headers) = failed.headers {
+                record = record.headers(headers);
+            }
+            if let Err(error) = send(shared.producer, record) {
+                self.flight
+                    .fatal
+                    .get_or_insert(format!("sending a record to {} again: {error}", failed.topic));
+            }
+        }
+        if self.flight.changelog.is_empty() && !self.flight.unwritten {
+            return resent;
         }
         if let Some((store, meta)) = &mut self.store {
             self.driver.stage_state();
@@ -853,7 +933,18 @@ impl<O: ServiceOperator> Task<O> {
         self.driver.acknowledge(ack, &mut io);
     }
 
-    fn delivered(&mut self, shared: &Shared<'_>, event: DeliveryEvent) {
+    fn delivered(&mut self, shared: &Shared<'_>, event: DeliveryEvent, now_ms: u64) {
+        match &event.failure {
+            None => self.flight.retry.succeeded(),
+            Some(failed) if failed.code.is_some_and(is_permanent) => {
+                self.flight.fatal.get_or_insert(format!(
+                    "the broker refuses a record for {} for good (input partition {}): {}",
+                    failed.topic, self.partition, failed.error
+                ));
+                return;
+            }
+            Some(_) => self.flight.retry.failed(now_ms),
+        }
         match (event.delivery, event.failure) {
             (delivery @ (Delivery::Output { offset, .. } | Delivery::DeadLetter { offset, .. }), None) => {
                 if matches!(delivery, Delivery::Output { .. }) {
@@ -871,27 +962,13 @@ impl<O: ServiceOperator> Task<O> {
                 )
             }
             (delivery @ (Delivery::Output { offset, .. } | Delivery::DeadLetter { offset, .. }), Some(failed)) => {
-                // Neither is ever given up: send it again, in order of failure.
+                // Neither is ever given up: it is sent again, in order of
+                // failure, once the backoff has passed.
                 tracing::warn!(
                     partition = self.partition, offset, error = %failed.error, topic = %failed.topic,
                     "record not delivered; sending it again"
                 );
-                let mut record = BaseRecord::with_opaque_to(&failed.topic, delivery.pack());
-                if let Some(key) = &failed.key {
-                    record = record.key(key.as_slice());
-                }
-                if let Some(value) = &failed.value {
-                    record = record.payload(value.as_slice());
-                }
-                if let Some(headers) = failed.headers {
-                    record = record.headers(headers);
-                }
-                if let Err(error) = send(shared.producer, record) {
-                    self.flight.fatal.get_or_insert(format!(
-                        "sending a record to {} again (input offset {offset}): {error}",
-                        failed.topic
-                    ));
-                }
+                self.flight.resend.push((delivery, failed));
             }
             (Delivery::BackupRecord { seq, .. }, failure) => {
                 if let Some(failed) = &failure {
@@ -1022,6 +1099,26 @@ impl<O: ServiceOperator> Task<O> {
     }
 }
 
+/// Hands the producers' delivery reports to their tasks; returns whether there were any.
+fn deliver_reports<O: ServiceOperator>(
+    shared: &Shared<'_>,
+    tasks: &mut BTreeMap<i32, Task<O>>,
+    events: &mut Vec<DeliveryEvent>,
+    now_ms: u64,
+) -> bool {
+    for producer in [shared.producer, shared.changelog_producer] {
+        producer.poll(Duration::ZERO);
+        producer.context().drain_into(events);
+    }
+    let any = !events.is_empty();
+    for event in events.drain(..) {
+        if let Some(task) = tasks.get_mut(&event.delivery.partition()) {
+            task.delivered(shared, event, now_ms);
+        }
+    }
+    any
+}
+
 /// An idempotent producer whose delivery reports carry a packed [`Delivery`].
 fn idempotent_producer(
     kafka: &super::config::KafkaConfig,
@@ -1115,8 +1212,8 @@ pub fn run_pipeline<O: ServiceOperator>(
     // input waits on their round trips (entries, then the marker) once l items
     // are past the last marker. Separate producers keep each order: the
     // changelog's within its partition, outputs' per key.
-    let producer = idempotent_producer(kafka, "5")?;
-    let changelog_producer = idempotent_producer(kafka, "0")?;
+    let producer = Arc::new(idempotent_producer(kafka, "5")?);
+    let changelog_producer = Arc::new(idempotent_producer(kafka, "0")?);
     let context = GroupContext {
         group: kafka.group_id.clone(),
         input_topic: topics.input.clone(),
@@ -1135,6 +1232,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         assigned: Mutex::new(Vec::new()),
         revoked: Mutex::new(Vec::new()),
         failure: Mutex::new(None),
+        producers: [Arc::clone(&producer), Arc::clone(&changelog_producer)],
     };
     // The group's offset follows acknowledged markers: offsets are stored by the
     // tasks and committed in the background (nothing waits on a commit).
@@ -1195,12 +1293,17 @@ pub fn run_pipeline<O: ServiceOperator>(
         if let Some(failure) = context.failure.lock().ok().and_then(|mut f| f.take()) {
             return Err(ServiceError::Rebalance(failure));
         }
-        for partition in context
+        let revoked = context
             .revoked
             .lock()
             .map(|mut r| std::mem::take(&mut *r))
-            .unwrap_or_default()
-        {
+            .unwrap_or_default();
+        if !revoked.is_empty() {
+            // The revocation flushed the producers: the revoked tasks get their
+            // delivery reports before they go.
+            worked |= deliver_reports(&shared, &mut tasks, &mut events, now_ms);
+        }
+        for partition in revoked {
             if tasks.remove(&partition).is_some() {
                 tracing::info!(
                     partition,
@@ -1245,18 +1348,9 @@ pub fn run_pipeline<O: ServiceOperator>(
         for task in tasks.values_mut() {
             worked |= task.step(&shared, now_ms, stopping.is_some());
         }
-        producer.poll(Duration::ZERO);
-        changelog_producer.poll(Duration::ZERO);
-        producer.context().drain_into(&mut events);
-        changelog_producer.context().drain_into(&mut events);
-        for event in events.drain(..) {
-            worked = true;
-            if let Some(task) = tasks.get_mut(&event.delivery.partition()) {
-                task.delivered(&shared, event);
-            }
-        }
+        worked |= deliver_reports(&shared, &mut tasks, &mut events, now_ms);
         for task in tasks.values_mut() {
-            worked |= task.flush(&shared);
+            worked |= task.flush(&shared, now_ms);
         }
         if let Some((partition, fatal)) = tasks
             .iter_mut()
@@ -1337,4 +1431,51 @@ pub fn run_pipeline<O: ServiceOperator>(
     }
     consumer.unsubscribe();
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_broker_is_retried_with_a_doubling_backoff_that_resets_on_success() {
+        let mut backoff = RetryBackoff::default();
+        assert!(!backoff.holds(0));
+        let mut now = 1_000;
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            backoff.failed(now);
+            assert!(backoff.holds(now));
+            waits.push(backoff.until_ms - now);
+            now = backoff.until_ms;
+            assert!(!backoff.holds(now));
+        }
+        assert_eq!(waits, [100, 200, 400, 800, 1_600, 3_200, 5_000, 5_000]);
+        backoff.succeeded();
+        backoff.failed(now);
+        assert_eq!(backoff.until_ms - now, 100, "a success starts the backoff over");
+        // Failures reported together do not shorten a wait already running.
+        let until = backoff.until_ms;
+        backoff.failed(now - 50);
+        assert!(backoff.until_ms >= until);
+    }
+
+    #[test]
+    fn only_refusals_for_good_stop_the_service() {
+        for code in [
+            RDKafkaErrorCode::MessageSizeTooLarge,
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+            RDKafkaErrorCode::UnknownTopic,
+        ] {
+            assert!(is_permanent(code), "{code:?}");
+        }
+        for code in [
+            RDKafkaErrorCode::MessageTimedOut,
+            RDKafkaErrorCode::AllBrokersDown,
+            RDKafkaErrorCode::NotLeaderForPartition,
+            RDKafkaErrorCode::Unknown,
+        ] {
+            assert!(!is_permanent(code), "{code:?}");
+        }
+    }
 }

@@ -571,6 +571,11 @@ impl TaskController {
 
     /// The marker `seq` was acknowledged: the recovery point moves to it.
     pub fn marker_written(&mut self, seq: u64, actions: &mut Vec<Action>) {
+        // An acknowledgement of a marker this task never wrote (a report meant
+        // for an earlier task on the partition) says nothing about its own.
+        if !self.markers.iter().any(|m| m.seq == seq) {
+            return;
+        }
         let mut acknowledged = None;
         while self.markers.front().is_some_and(|m| m.seq <= seq) {
             acknowledged = self.markers.pop_front();

@@ -529,3 +529,25 @@ fn a_backups_entries_go_out_only_after_the_outputs_it_covers_are_acknowledged() 
     let acks = complete_backup(&mut c, seq);
     assert_eq!(commits(&acks), vec![2], "the marker covers items 0 and 1");
 }
+
+#[test]
+fn an_acknowledgement_of_a_marker_never_written_changes_nothing() {
+    // A report meant for an earlier task on the same partition (its marker 35)
+    // reaches the new task, whose start marker is still in flight.
+    let config = config(Mode::Approximate, 100.0, 1000, 100);
+    let mut actions = Vec::new();
+    let mut c = TaskController::start(config, &RecoveryPlan::fresh(0), 0, &mut actions).unwrap();
+    let [start] = markers(&actions)[..] else {
+        panic!("expected the start marker, got {actions:?}")
+    };
+    actions.clear();
+    c.marker_written(start.seq + 35, &mut actions);
+    assert!(actions.is_empty(), "{actions:?}");
+    assert_eq!(c.readiness(), Err(Blocked::StartMarker));
+    c.marker_written(start.seq, &mut actions);
+    assert_eq!(
+        c.readiness(),
+        Ok(()),
+        "the start marker's own acknowledgement still counts"
+    );
+}
