@@ -36,6 +36,9 @@ enum Command {
     /// Run the pipeline of a config file against Kafka until SIGTERM or SIGINT
     /// (then stop cleanly: final backup, marker and commit).
     Run(RunArgs),
+    /// Check a config file without connecting: print the per-task thresholds
+    /// after each failure and the error bounds they guarantee.
+    Check(CheckArgs),
     /// Produce a seeded synthetic workload into a topic (created when missing).
     Produce(ProduceArgs),
     /// The whole story on a real broker: packets in, a heavy-hitter pipeline
@@ -82,6 +85,16 @@ struct RunArgs {
     /// it was assigned.
     #[arg(long)]
     stop_at_end: bool,
+}
+
+#[derive(clap::Args)]
+struct CheckArgs {
+    /// The pipeline's config file (TOML).
+    #[arg(long)]
+    config: std::path::PathBuf,
+    /// Partitions of the input topic: the thresholds are split over one task each.
+    #[arg(long, default_value_t = 1)]
+    partitions: usize,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -183,6 +196,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Simulate(args) => run_simulation(&args),
         Command::Run(args) => run_service(&args),
+        Command::Check(args) => check(&args),
         Command::Produce(args) => produce(&args),
         Command::Demo(args) => demo(&args),
     };
@@ -209,6 +223,14 @@ fn run_service(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         stop_at_end: args.stop_at_end,
     };
     service::run(&config, &stop, options)?;
+    Ok(())
+}
+
+fn check(args: &CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let config = service::config::load(&args.config, &|key| std::env::var(key).ok()).map_err(|e| e.to_string())?;
+    let report = service::check::report(&config, args.partitions)?;
+    println!("config {}: valid", args.config.display());
+    print!("{report}");
     Ok(())
 }
 

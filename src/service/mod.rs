@@ -1,5 +1,6 @@
 //! The Kafka service: `afstream run`.
 //!
+//! * [`check`]: `afstream check`, what a config runs with, without connecting;
 //! * [`config`]: the TOML config file;
 //! * [`demo`]: `afstream demo`, the whole story on a real broker;
 //! * [`codec`]: records to operator inputs, outputs to records;
@@ -10,6 +11,7 @@
 //! * [`state`]: the local state directory and its lock;
 //! * [`store`]: a task's local RocksDB store.
 
+pub mod check;
 pub mod codec;
 pub mod config;
 pub mod demo;

@@ -19,6 +19,7 @@ use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
+use super::check::TaskPlan;
 use super::codec::ServiceOperator;
 use super::config::Config;
 use super::kafka::{
@@ -30,8 +31,7 @@ use super::state::lock_state_dir;
 use super::store::{StoreBudget, StoreMeta, TaskStore};
 use super::ServiceError;
 use crate::core::{
-    Ack, BackupEntry, BackupMarker, ControllerConfig, DriverStats, Mode, Placement, RecoveryPlan, Rejected, TaskDriver,
-    TaskIo, ThresholdPolicy,
+    Ack, BackupEntry, BackupMarker, ControllerConfig, DriverStats, Mode, RecoveryPlan, Rejected, TaskDriver, TaskIo,
 };
 
 /// Where a partition with no marker and no committed offset starts (the
@@ -1151,7 +1151,6 @@ pub fn run_pipeline<O: ServiceOperator>(
         changelog: pipeline.changelog_topic(&kafka.group_id),
         dead_letters: pipeline.dead_letter_topic(&kafka.group_id),
     };
-    let probe = O::build(operator_config, None)?;
     let _state_lock = match &pipeline.state_dir {
         Some(dir) => Some(lock_state_dir(dir, &kafka.group_id)?),
         None => None,
@@ -1185,27 +1184,10 @@ pub fn run_pipeline<O: ServiceOperator>(
         ],
     )?;
     let ft = &pipeline.fault_tolerance;
-    let placement = Placement {
-        parallelism: partitions as u32,
-        ..Placement::default()
-    };
-    let policy = ThresholdPolicy::new(
-        ft.global()?,
-        ft.failure_policy(),
-        placement,
-        probe.norm().is_additive(),
-        probe.constants(),
-    )?;
-    let controller = ControllerConfig::new(ft.mode(), policy, probe.constants());
-    let first = policy.for_failures(0);
-    let beta = probe.constants().beta;
-    if first.outputs < 8 * beta {
-        tracing::warn!(
-            gamma = first.outputs,
-            beta,
-            "γ per task is under 8 outputs of one item (β): input will wait for acknowledgements after \
-             nearly every item; raise max_unacked or lower the operator's per-item output limit"
-        );
+    let plan = TaskPlan::new::<O>(config, operator_config, partitions)?;
+    let controller = plan.controller;
+    if let Some(warning) = plan.warning() {
+        tracing::warn!("{warning}");
     }
 
     // Outputs linger a little to batch; backups and markers go out at once, since

@@ -1,0 +1,293 @@
+//! `afstream check`: what a config makes each task run with, without connecting.
+//!
+//! The same [`TaskPlan`] starts the tasks of `afstream run`, so what `check`
+//! prints is what runs: the per-task θ, l and γ after k failures and the error
+//! bound they guarantee.
+
+use std::fmt::Write as _;
+
+use super::codec::ServiceOperator;
+use super::config::{Config, OperatorConfig, PolicyName};
+use super::ServiceError;
+use crate::core::{
+    AnalysisConstants, ControllerConfig, ErrorBound, Mode, Norm, Placement, TaskThresholds, ThresholdPolicy,
+};
+use crate::operators::{HeavyHitters, WordCount};
+
+/// Failures `check` lists the thresholds and bounds of.
+const FAILURES_SHOWN: u32 = 5;
+
+/// What every task of a pipeline runs with, for a number of input partitions.
+#[derive(Clone, Copy, Debug)]
+pub struct TaskPlan {
+    pub partitions: usize,
+    pub constants: AnalysisConstants,
+    pub norm: Norm,
+    pub policy: ThresholdPolicy,
+    pub controller: ControllerConfig,
+}
+
+impl TaskPlan {
+    /// Builds a probe of the operator and splits the global thresholds over
+    /// `partitions` tasks.
+    pub fn new<O: ServiceOperator>(
+        config: &Config,
+        operator_config: &O::Config,
+        partitions: usize,
+    ) -> Result<Self, ServiceError> {
+        let probe = O::build(operator_config, None)?;
+        let ft = &config.pipeline.fault_tolerance;
+        let parallelism = u32::try_from(partitions)
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| ServiceError::Unsupported(format!("{partitions} input partitions")))?;
+        let placement = Placement {
+            parallelism,
+            ..Placement::default()
+        };
+        let constants = probe.constants();
+        let norm = probe.norm();
+        let policy = ThresholdPolicy::new(
+            ft.global()?,
+            ft.failure_policy(),
+            placement,
+            norm.is_additive(),
+            constants,
+        )?;
+        Ok(TaskPlan {
+            partitions,
+            constants,
+            norm,
+            policy,
+            controller: ControllerConfig::new(ft.mode(), policy, constants),
+        })
+    }
+
+    /// Why input would wait after nearly every item, if it would.
+    pub fn warning(&self) -> Option<String> {
+        let gamma = self.policy.for_failures(0).outputs;
+        let beta = self.constants.beta;
+        (gamma < 8 * beta).then(|| {
+            format!(
+                "γ per task ({gamma}) is under 8 outputs of one item (β = {beta}): input will wait for \
+                 acknowledgements after nearly every item; raise max_unacked or lower the operator's per-item \
+                 output limit"
+            )
+        })
+    }
+}
+
+/// The plan of the configured operator.
+pub fn plan(config: &Config, partitions: usize) -> Result<TaskPlan, ServiceError> {
+    match &config.pipeline.operator {
+        OperatorConfig::WordCount(c) => TaskPlan::new::<WordCount>(config, c, partitions),
+        OperatorConfig::HeavyHitters(c) => TaskPlan::new::<HeavyHitters>(config, c, partitions),
+    }
+}
+
+fn operator_name(operator: &OperatorConfig) -> &'static str {
+    match operator {
+        OperatorConfig::WordCount(_) => "word_count",
+        OperatorConfig::HeavyHitters(_) => "heavy_hitters",
+    }
+}
+
+fn row(out: &mut String, k: &str, t: TaskThresholds, bound: Option<ErrorBound>) {
+    let (state, outputs) = bound.map_or(("-".to_string(), "-".to_string()), |b| {
+        (format!("{:.6}", b.state), format!("{:.0}", b.outputs))
+    });
+    let _ = writeln!(
+        out,
+        "  {k:<10} {:>14} {:>10} {:>10} {:>18} {:>18}",
+        trim(&format!("{:.6}", t.theta)),
+        t.items,
+        t.outputs,
+        trim(&state),
+        trim(&outputs)
+    );
+}
+
+/// `1.500000` → `1.5`, `2.000000` → `2`.
+fn trim(number: &str) -> String {
+    if number.contains('.') {
+        number.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        number.to_string()
+    }
+}
+
+/// A readable account of what the config runs with on `partitions` input
+/// partitions.
+pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError> {
+    let plan = plan(config, partitions)?;
+    let pipeline = &config.pipeline;
+    let group = &config.kafka.group_id;
+    let ft = &pipeline.fault_tolerance;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "pipeline: {} -> {} (group {group}; changelog {}; dead letters {})",
+        pipeline.input_topic,
+        pipeline.output_topic,
+        pipeline.changelog_topic(group),
+        pipeline.dead_letter_topic(group)
+    );
+    let _ = writeln!(
+        out,
+        "operator: {} (alpha = {}, beta = {}, divergence {:?})",
+        operator_name(&pipeline.operator),
+        trim(&format!("{:.6}", plan.constants.alpha)),
+        plan.constants.beta,
+        plan.norm
+    );
+    let _ = writeln!(
+        out,
+        "state: {}",
+        match &pipeline.state_dir {
+            Some(dir) => format!("local stores under {}", dir.join(group).display()),
+            None => "in memory".to_string(),
+        }
+    );
+    let _ = writeln!(
+        out,
+        "thresholds: Theta = {}, L = {}, Gamma = {}, split over {partitions} task(s), one per input partition",
+        ft.theta, ft.max_uncovered, ft.max_unacked
+    );
+    match ft.mode() {
+        Mode::None => {
+            let _ = writeln!(
+                out,
+                "mode none: no backups; a failure restarts a task from the group's committed offset with empty state"
+            );
+        }
+        Mode::Exact(interval) => {
+            let _ = writeln!(
+                out,
+                "mode exact: a complete backup every {} items / {} ms; a failure loses nothing",
+                interval.items.map_or("-".into(), |n| n.to_string()),
+                interval.millis.map_or("-".into(), |n| n.to_string())
+            );
+        }
+        Mode::Approximate => {
+            let _ = writeln!(out, "mode approximate, policy {:?}; per task:", ft.failure_policy());
+            let _ = writeln!(
+                out,
+                "  {:<10} {:>14} {:>10} {:>10} {:>18} {:>18}",
+                "failures", "theta", "l", "gamma", "state error <=", "outputs lost <="
+            );
+            for k in 0..=FAILURES_SHOWN {
+                let bound = plan.policy.bound_after(k, plan.constants);
+                row(&mut out, &k.to_string(), plan.policy.for_failures(k), Some(bound));
+            }
+            match ft.policy {
+                PolicyName::Halving => {
+                    let limit = plan.policy.limit(plan.constants);
+                    let _ = writeln!(
+                        out,
+                        "  any number of failures: state error <= {}, outputs lost <= {} per task (halving)",
+                        trim(&format!("{:.6}", limit.state)),
+                        trim(&format!("{:.0}", limit.outputs))
+                    );
+                }
+                PolicyName::Fixed => {
+                    let step = plan.policy.for_failures(0).failure_bound(plan.constants);
+                    let _ = writeln!(
+                        out,
+                        "  each further failure adds state error <= {}, outputs lost <= {} per task (fixed)",
+                        trim(&format!("{:.6}", step.state)),
+                        trim(&format!("{:.0}", step.outputs))
+                    );
+                }
+            }
+        }
+    }
+    if let Some(warning) = plan.warning() {
+        let _ = writeln!(out, "warning: {warning}");
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONFIG: &str = r#"
+[kafka]
+bootstrap_servers = "127.0.0.1:9092"
+group_id = "wc"
+
+[pipeline]
+input_topic = "lines"
+output_topic = "counts"
+format = "text"
+
+[pipeline.operator]
+kind = "word_count"
+max_words_per_line = 10
+
+[pipeline.fault_tolerance]
+mode = "approximate"
+theta = 1000.0
+max_uncovered = 400
+max_unacked = 800
+"#;
+
+    fn parse(text: &str) -> Config {
+        super::super::config::parse(text, &|_| None).expect("a valid config")
+    }
+
+    #[test]
+    fn the_report_shows_each_tasks_halved_thresholds_and_the_bounds_they_prove() {
+        let config = parse(CONFIG);
+        let text = report(&config, 2).expect("a report");
+        assert!(text.contains("lines -> counts"), "{text}");
+        assert!(
+            text.contains("wc-changelog") && text.contains("wc-dead-letters"),
+            "{text}"
+        );
+        assert!(text.contains("alpha = 10, beta = 10"), "{text}");
+        // Two tasks: Θ/2, L/2 and Γ/2 each, halved again before any failure.
+        let plan = plan(&config, 2).expect("a plan");
+        let first = plan.policy.for_failures(0);
+        assert_eq!((first.theta, first.items, first.outputs), (250.0, 100, 200));
+        let zero = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("0 "))
+            .expect("the row of k = 0");
+        let fields: Vec<&str> = zero.split_whitespace().collect();
+        assert_eq!(fields, ["0", "250", "100", "200", "0", "0"], "{text}");
+        let one = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("1 "))
+            .expect("the row of k = 1");
+        let bound = first.failure_bound(plan.constants);
+        let fields: Vec<&str> = one.split_whitespace().collect();
+        assert_eq!(fields[4], trim(&format!("{:.6}", bound.state)), "{text}");
+        assert!(text.contains("any number of failures"), "{text}");
+    }
+
+    #[test]
+    fn the_fixed_policy_and_the_other_modes_say_what_a_failure_costs() {
+        let fixed = parse(&CONFIG.replace("max_unacked = 800", "max_unacked = 800\npolicy = \"fixed\""));
+        assert!(report(&fixed, 1)
+            .expect("a report")
+            .contains("each further failure adds"));
+        let none = parse(&CONFIG.replace("\"approximate\"", "\"none\""));
+        assert!(report(&none, 1).expect("a report").contains("mode none"));
+        let exact = parse(&CONFIG.replace("\"approximate\"", "\"exact\"\nexact_interval_items = 500"));
+        assert!(report(&exact, 1)
+            .expect("a report")
+            .contains("a complete backup every 500 items"));
+    }
+
+    #[test]
+    fn a_gamma_too_small_for_one_item_is_warned_about() {
+        let tight = parse(&CONFIG.replace("max_unacked = 800", "max_unacked = 60"));
+        let text = report(&tight, 1).expect("a report");
+        assert!(text.contains("warning: γ per task"), "{text}");
+        assert!(report(&parse(CONFIG), 1)
+            .expect("a report")
+            .lines()
+            .all(|l| !l.starts_with("warning")));
+    }
+}
