@@ -745,3 +745,80 @@ fn a_broker_outage_mid_run_stalls_the_pipeline_and_the_answer_stays_within_the_b
     );
     eprintln!("outage: L1 error {error}, {} recoveries counted", recoveries.len());
 }
+
+#[test]
+fn a_second_instance_takes_over_partitions_by_clean_handoff_without_a_failure() {
+    let dir = test_dir("wc-scale-out");
+    let broker = Broker::start(&dir);
+    let thresholds = (400.0, 400, 2000);
+    let p = pipeline(
+        &dir,
+        &broker,
+        "wc-scale-out",
+        "text",
+        &word_count_operator(),
+        thresholds,
+    );
+    // Keyed lines whose words belong to their key: every word stays in one
+    // partition, so the partitions' counts together are the global ones.
+    let mut rng = StdRng::seed_from_u64(17);
+    let lines: Vec<InputRecord> = (0..6_000)
+        .map(|_| {
+            let key = rng.gen_range(0..8);
+            let words: Vec<String> = (0..5).map(|_| format!("k{key}w{}", rng.gen_range(0..300))).collect();
+            InputRecord {
+                key: Some(format!("k{key}").into_bytes()),
+                value: words.join(" ").into_bytes(),
+            }
+        })
+        .collect();
+    produce(&broker.kafka(), &p.input, 2, &lines).expect("produce the lines");
+    let exact = exact_word_counts(&lines);
+    let words: usize = lines.len() * 5;
+
+    let mut first = Service::start(&p.config, &dir.join("first.log"), false);
+    first.wait_until(RUN_DEADLINE, "outputs of the first instance", || {
+        broker.record_count(&p.output) > 3_000
+    });
+    let mut second = Service::start(&p.config, &dir.join("second.log"), false);
+    let second_log = second.log.clone();
+    second.wait_until(RUN_DEADLINE, "a partition handed to the second instance", || {
+        !log_lines(&second_log, "task started").is_empty()
+    });
+    first.wait_until(RUN_DEADLINE, "every output, from both instances", || {
+        broker.record_count(&p.output) >= words as i64
+    });
+    for service in [first, second] {
+        let log = service.log.clone();
+        let status = service.terminate(RUN_DEADLINE);
+        assert!(
+            status.success(),
+            "clean stop failed ({status}):\n{}",
+            common::tail(&log)
+        );
+        assert!(
+            log_lines(&log, "recovered from a failure").is_empty(),
+            "a handoff counted a failure:\n{}",
+            common::tail(&log)
+        );
+    }
+    assert!(
+        !log_lines(
+            &dir.join("first.log"),
+            "partition handed off: its final backup and clean marker"
+        )
+        .is_empty(),
+        "the first instance handed its partitions off cleanly:\n{}",
+        common::tail(&dir.join("first.log"))
+    );
+    assert_eq!(
+        broker.record_count(&p.output),
+        words as i64,
+        "one output per word: nothing replayed, nothing lost"
+    );
+    assert_eq!(
+        changelog_counts(&broker, &p),
+        exact,
+        "the counts of an uninterrupted run"
+    );
+}

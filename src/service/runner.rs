@@ -123,7 +123,14 @@ struct GroupContext {
     controller: ControllerConfig,
     stores: Option<Stores>,
     assigned: Mutex<Vec<Assigned>>,
+    /// Partitions lost (the session expired): dropped at once.
     revoked: Mutex<Vec<i32>>,
+    /// Partitions revoked in a rebalance: handed off once their final backup is
+    /// acknowledged, then released (`Revocation::release`).
+    revoking: Mutex<Option<Revocation>>,
+    /// Set when the loop is over: a revocation then (leaving the group) is
+    /// released at once, since no loop is left to hand the partitions off.
+    closing: AtomicBool,
     failure: Mutex<Option<String>>,
     /// Flushed when partitions are revoked (see `rebalance`).
     producers: [Arc<BaseProducer<DeliveryReports>>; 2],
@@ -292,6 +299,52 @@ impl GroupContext {
     }
 }
 
+/// Marks the group context closing when dropped.
+struct ClosingGuard<'a>(&'a AtomicBool);
+
+impl Drop for ClosingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Partitions revoked by a rebalance, waiting for their tasks' clean stop.
+struct Revocation {
+    partitions: Vec<i32>,
+    tpl: TopicPartitionList,
+    cooperative: bool,
+    since: Instant,
+}
+
+impl Revocation {
+    fn new(partitions: Vec<i32>, tpl: TopicPartitionList, cooperative: bool) -> Self {
+        Revocation {
+            partitions,
+            tpl,
+            cooperative,
+            since: Instant::now(),
+        }
+    }
+
+    fn add(&mut self, partitions: Vec<i32>, tpl: &TopicPartitionList) {
+        self.partitions.extend(partitions);
+        for element in tpl.elements() {
+            let _ = self
+                .tpl
+                .add_partition_offset(element.topic(), element.partition(), element.offset());
+        }
+    }
+
+    /// Gives the partitions back to the group.
+    fn release(&self, consumer: &BaseConsumer<GroupContext>) -> Result<(), KafkaError> {
+        if self.cooperative {
+            consumer.incremental_unassign(&self.tpl)
+        } else {
+            consumer.unassign()
+        }
+    }
+}
+
 /// What a partition's local store offers a starting task.
 enum LocalStore {
     /// Exact at its offset; `marker` is the changelog's last (its own).
@@ -312,7 +365,24 @@ impl ConsumerContext for GroupContext {
                     self.fail(format!("restoring newly assigned partitions: {message}"));
                 }
             }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS
+                if !consumer.assignment_lost() && !self.closing.load(Ordering::Relaxed) =>
+            {
+                // The group waits for the release: the loop stops the revoked
+                // tasks cleanly (final complete backup, clean marker), so the next
+                // owner resumes exactly and counts no failure, then releases them.
+                if let Ok(mut revoking) = self.revoking.lock() {
+                    let partitions = tpl.elements().iter().map(|e| e.partition()).collect();
+                    let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
+                    match revoking.as_mut() {
+                        Some(pending) => pending.add(partitions, tpl),
+                        None => *revoking = Some(Revocation::new(partitions, tpl.clone(), cooperative)),
+                    }
+                }
+            }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                // Lost (another member may own them already, so no final
+                // backup), or the loop is over (its tasks stopped cleanly).
                 // Every record a revoked task sent reaches the log (or fails)
                 // before the partition is released: the next owner, in this
                 // process or another, reads a changelog no late record of the
@@ -1213,6 +1283,8 @@ pub fn run_pipeline<O: ServiceOperator>(
         },
         assigned: Mutex::new(Vec::new()),
         revoked: Mutex::new(Vec::new()),
+        revoking: Mutex::new(None),
+        closing: AtomicBool::new(false),
         failure: Mutex::new(None),
         producers: [Arc::clone(&producer), Arc::clone(&changelog_producer)],
     };
@@ -1237,6 +1309,8 @@ pub fn run_pipeline<O: ServiceOperator>(
         )
         .create_with_context(context)?,
     );
+    // However run_pipeline ends, the consumer is closed after this is dropped.
+    let _closing = ClosingGuard(&consumer.context().closing);
     consumer.subscribe(&[topics.input.as_str()])?;
     tracing::info!(
         input = %topics.input, output = %topics.output, changelog = %topics.changelog,
@@ -1257,6 +1331,7 @@ pub fn run_pipeline<O: ServiceOperator>(
     let mut first_task: Option<Instant> = None;
     let mut worked = true;
     let mut idle_rounds: u32 = 0;
+    let mut handoff: Option<Revocation> = None;
     loop {
         // Nothing happened last round: back off from 100 µs to 5 ms. Input waiting
         // on an acknowledgement resumes within a fraction of a millisecond of it
@@ -1284,6 +1359,22 @@ pub fn run_pipeline<O: ServiceOperator>(
             // The revocation flushed the producers: the revoked tasks get their
             // delivery reports before they go.
             worked |= deliver_reports(&shared, &mut tasks, &mut events, now_ms);
+        }
+        if let Some(revocation) = context.revoking.lock().ok().and_then(|mut r| r.take()) {
+            for partition in &revocation.partitions {
+                if let Some(task) = tasks.get_mut(partition) {
+                    tracing::info!(
+                        partition,
+                        "partition revoked; handing it off: final backup, clean marker"
+                    );
+                    task.begin_stop(&shared);
+                }
+            }
+            match handoff.as_mut() {
+                Some(pending) => pending.add(revocation.partitions, &revocation.tpl),
+                None => handoff = Some(revocation),
+            }
+            worked = true;
         }
         for partition in revoked {
             if tasks.remove(&partition).is_some() {
@@ -1334,6 +1425,35 @@ pub fn run_pipeline<O: ServiceOperator>(
         for task in tasks.values_mut() {
             worked |= task.flush(&shared, now_ms);
         }
+        if let Some(revocation) = &handoff {
+            let stopped = revocation
+                .partitions
+                .iter()
+                .all(|p| tasks.get(p).is_none_or(|t| t.driver.is_stopped()));
+            if stopped || revocation.since.elapsed() > STOP_DEADLINE {
+                context.flush_producers();
+                deliver_reports(&shared, &mut tasks, &mut events, now_ms);
+                for partition in &revocation.partitions {
+                    match tasks.remove(partition) {
+                        Some(task) if task.driver.is_stopped() => {
+                            tracing::info!(
+                                partition,
+                                "partition handed off: its final backup and clean marker are in the changelog"
+                            );
+                        }
+                        Some(_) => tracing::warn!(
+                            partition,
+                            "partition handed off before its final backup was acknowledged (within {STOP_DEADLINE:?}): \
+                             its next owner recovers from the last marker and counts a failure"
+                        ),
+                        None => {}
+                    }
+                }
+                revocation.release(&consumer)?;
+                handoff = None;
+                worked = true;
+            }
+        }
         if let Some((partition, fatal)) = tasks
             .iter_mut()
             .find_map(|(p, t)| t.flight.fatal.take().map(|f| (*p, f)))
@@ -1370,6 +1490,10 @@ pub fn run_pipeline<O: ServiceOperator>(
                 )));
             }
         }
+    }
+    if let Some(revocation) = handoff.take() {
+        // Its tasks stopped with the rest.
+        revocation.release(&consumer)?;
     }
     let stop_began = stopping.unwrap_or_else(Instant::now);
     let mut report = RunReport {
@@ -1411,6 +1535,7 @@ pub fn run_pipeline<O: ServiceOperator>(
             .flush(REQUEST_TIMEOUT)
             .map_err(|e| ServiceError::Stop(format!("flushing a producer: {e}")))?;
     }
+    consumer.context().closing.store(true, Ordering::Relaxed);
     consumer.unsubscribe();
     Ok(report)
 }
