@@ -746,6 +746,22 @@ fn a_broker_outage_mid_run_stalls_the_pipeline_and_the_answer_stays_within_the_b
     eprintln!("outage: L1 error {error}, {} recoveries counted", recoveries.len());
 }
 
+/// Keyed lines of five words whose words belong to their key: every word
+/// stays in one partition, so the partitions' counts together are the global ones.
+fn keyed_word_lines(lines: usize, seed: u64) -> Vec<InputRecord> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..lines)
+        .map(|_| {
+            let key = rng.gen_range(0..8);
+            let words: Vec<String> = (0..5).map(|_| format!("k{key}w{}", rng.gen_range(0..300))).collect();
+            InputRecord {
+                key: Some(format!("k{key}").into_bytes()),
+                value: words.join(" ").into_bytes(),
+            }
+        })
+        .collect()
+}
+
 #[test]
 fn a_second_instance_takes_over_partitions_by_clean_handoff_without_a_failure() {
     let dir = test_dir("wc-scale-out");
@@ -759,19 +775,7 @@ fn a_second_instance_takes_over_partitions_by_clean_handoff_without_a_failure() 
         &word_count_operator(),
         thresholds,
     );
-    // Keyed lines whose words belong to their key: every word stays in one
-    // partition, so the partitions' counts together are the global ones.
-    let mut rng = StdRng::seed_from_u64(17);
-    let lines: Vec<InputRecord> = (0..6_000)
-        .map(|_| {
-            let key = rng.gen_range(0..8);
-            let words: Vec<String> = (0..5).map(|_| format!("k{key}w{}", rng.gen_range(0..300))).collect();
-            InputRecord {
-                key: Some(format!("k{key}").into_bytes()),
-                value: words.join(" ").into_bytes(),
-            }
-        })
-        .collect();
+    let lines = keyed_word_lines(6_000, 17);
     produce(&broker.kafka(), &p.input, 2, &lines).expect("produce the lines");
     let exact = exact_word_counts(&lines);
     let words: usize = lines.len() * 5;
@@ -802,13 +806,12 @@ fn a_second_instance_takes_over_partitions_by_clean_handoff_without_a_failure() 
             common::tail(&log)
         );
     }
-    assert!(
-        !log_lines(
-            &dir.join("first.log"),
-            "partition handed off: its final backup and clean marker"
-        )
-        .is_empty(),
-        "the first instance handed its partitions off cleanly:\n{}",
+    // Cooperative-sticky (the default): only the partition that moves is revoked.
+    let handed_off = log_lines(&dir.join("first.log"), "partition handed off: its final backup");
+    assert_eq!(
+        handed_off.len(),
+        1,
+        "the first instance hands exactly one partition off, cleanly:\n{}",
         common::tail(&dir.join("first.log"))
     );
     assert_eq!(
@@ -821,4 +824,54 @@ fn a_second_instance_takes_over_partitions_by_clean_handoff_without_a_failure() 
         exact,
         "the counts of an uninterrupted run"
     );
+}
+
+#[test]
+fn the_partitions_of_a_killed_instance_move_to_the_other_within_the_bound() {
+    let dir = test_dir("wc-kill-instance");
+    let broker = Broker::start(&dir);
+    let thresholds = (400.0, 400, 2000);
+    let p = pipeline(
+        &dir,
+        &broker,
+        "wc-kill-instance",
+        "text",
+        &word_count_operator(),
+        thresholds,
+    );
+    let lines = keyed_word_lines(6_000, 29);
+    produce(&broker.kafka(), &p.input, 2, &lines).expect("produce the lines");
+    let exact = exact_word_counts(&lines);
+
+    let mut first = Service::start(&p.config, &dir.join("first.log"), false);
+    first.wait_until(RUN_DEADLINE, "outputs of the first instance", || {
+        broker.record_count(&p.output) > 3_000
+    });
+    let mut second = Service::start(&p.config, &dir.join("second.log"), false);
+    let second_log = second.log.clone();
+    second.wait_until(RUN_DEADLINE, "a partition handed to the second instance", || {
+        !log_lines(&second_log, "task started").is_empty()
+    });
+    second.wait_until(RUN_DEADLINE, "more outputs", || broker.record_count(&p.output) > 12_000);
+    second.kill();
+    // After the session timeout the group moves the partition to the first
+    // instance, which recovers it from its last marker.
+    let first_log = first.log.clone();
+    first.wait_until(
+        RUN_DEADLINE,
+        "the first instance to recover the killed one's partition",
+        || !log_lines(&first_log, "recovered from a failure").is_empty(),
+    );
+    let status = first.terminate(RUN_DEADLINE);
+    assert!(status.success(), "clean stop failed ({status})");
+    let last = run_to_end(&p, "last.log");
+
+    let recoveries = logged_recoveries(&log_lines(&first_log, "recovered from a failure").join("\n"));
+    assert_eq!(recoveries.len(), 1, "one partition moved after the kill");
+    assert!(log_lines(&last.log, "recovered from a failure").is_empty());
+    let counts = changelog_counts(&broker, &p);
+    let error = l1_error(&counts, &exact);
+    let bound = word_count_bound(thresholds, 1);
+    assert!(error <= bound, "L1 error {error} over the bound {bound} of one failure");
+    assert!(error <= recoveries[0].bound_state + 1e-9);
 }

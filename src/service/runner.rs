@@ -1298,6 +1298,9 @@ pub fn run_pipeline<O: ServiceOperator>(
                 ("enable.auto.commit", "true"),
                 ("enable.auto.offset.store", "false"),
                 ("auto.offset.reset", "earliest"),
+                // Incremental rebalances: only the partitions that move stop
+                // (and are handed off); the others run on.
+                ("partition.assignment.strategy", "cooperative-sticky"),
                 ("session.timeout.ms", "6000"),
                 ("heartbeat.interval.ms", "1500"),
                 // Consumer lag for the metrics; parsed only when they are served.
