@@ -25,6 +25,8 @@ pub struct TaskPlan {
     pub norm: Norm,
     pub policy: ThresholdPolicy,
     pub controller: ControllerConfig,
+    /// The operator keeps its keyed state in a local store when given a state directory.
+    pub store_backed: bool,
 }
 
 impl TaskPlan {
@@ -60,6 +62,7 @@ impl TaskPlan {
             norm,
             policy,
             controller: ControllerConfig::new(ft.mode(), policy, constants),
+            store_backed: O::STORE_BACKED,
         })
     }
 
@@ -144,14 +147,29 @@ pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError
         out,
         "state: {}",
         match &pipeline.state_dir {
-            Some(dir) => format!("local stores under {}", dir.join(group).display()),
-            None => "in memory".to_string(),
+            Some(dir) if plan.store_backed => format!("local RocksDB stores under {}", dir.join(group).display()),
+            _ => "in memory (recovers from the changelog)".to_string(),
         }
     );
     let _ = writeln!(
         out,
-        "thresholds: Theta = {}, L = {}, Gamma = {}, split over {partitions} task(s), one per input partition",
+        "thresholds: Theta = {}, L = {}, Gamma = {}, for {partitions} task(s), one per input partition",
         ft.theta, ft.max_uncovered, ft.max_unacked
+    );
+    let _ = writeln!(
+        out,
+        "{}",
+        if plan.norm.is_additive() {
+            format!(
+                "split: the divergence ({:?}) adds up across tasks, so each task gets 1/{partitions} of Theta, L \
+                 and Gamma; the pipeline's bound is the sum of its tasks'",
+                plan.norm
+            )
+        } else {
+            "split: none; the divergence is a per-key maximum, so every task keeps Theta, L and Gamma and the \
+             pipeline's bound is that of one task"
+                .to_string()
+        }
     );
     match ft.mode() {
         Mode::None => {
@@ -264,6 +282,15 @@ max_unacked = 800
         let fields: Vec<&str> = one.split_whitespace().collect();
         assert_eq!(fields[4], trim(&format!("{:.6}", bound.state)), "{text}");
         assert!(text.contains("any number of failures"), "{text}");
+        assert!(text.contains("1/2 of Theta"), "{text}");
+        let max = parse(&CONFIG.replace(
+            "max_words_per_line = 10",
+            "max_words_per_line = 10\ndivergence = \"max\"",
+        ));
+        let text = report(&max, 2).expect("a report");
+        assert!(text.contains("split: none"), "{text}");
+        let first = super::plan(&max, 2).expect("a plan").policy.for_failures(0);
+        assert_eq!(first.theta, 500.0, "a maximum is not split over the tasks");
     }
 
     #[test]

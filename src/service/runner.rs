@@ -1452,6 +1452,12 @@ pub fn run_pipeline<O: ServiceOperator>(
                         None => {}
                     }
                 }
+                // The clean markers' offsets are stored: commit them before the
+                // release (the next owner resumes at the marker either way).
+                match consumer.commit_consumer_state(CommitMode::Sync) {
+                    Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+                    Err(error) => tracing::warn!(%error, "committing offsets before a handoff"),
+                }
                 revocation.release(&consumer)?;
                 handoff = None;
                 worked = true;
