@@ -875,3 +875,62 @@ fn the_partitions_of_a_killed_instance_move_to_the_other_within_the_bound() {
     assert!(error <= bound, "L1 error {error} over the bound {bound} of one failure");
     assert!(error <= recoveries[0].bound_state + 1e-9);
 }
+
+#[test]
+fn keyed_sums_on_local_stores_are_exact_after_a_sigkill_and_refused_records_are_dead_lettered() {
+    let dir = test_dir("keyed-sum");
+    let broker = Broker::start(&dir);
+    let thresholds = (4000.0, 1000, 8000);
+    let operator = "kind = \"keyed_aggregation\"\naggregate = \"sum\"\nmax_abs_value = 100.0";
+    let p = pipeline(&dir, &broker, "keyed-sum", "text", operator, thresholds);
+    with_local_state(&p, 100);
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut records: Vec<InputRecord> = (0..20_000)
+        .map(|_| InputRecord {
+            key: Some(format!("key{}", rng.gen_range(0..2_000)).into_bytes()),
+            value: rng.gen_range(-50..=50).to_string().into_bytes(),
+        })
+        .collect();
+    let mut exact: HashMap<String, f64> = HashMap::new();
+    for record in &records {
+        let key = String::from_utf8(record.key.clone().expect("a key")).expect("a text key");
+        let value: f64 = std::str::from_utf8(&record.value).expect("text").parse().expect("a number");
+        *exact.entry(key).or_default() += value;
+    }
+    // Refused: a value over max_abs_value, one that is no number, one with no key.
+    for (at, key, value) in [(3_000, Some("key1"), "1000"), (9_000, Some("key2"), "ten"), (15_000, None, "5")] {
+        records.insert(
+            at,
+            InputRecord {
+                key: key.map(|k| k.as_bytes().to_vec()),
+                value: value.as_bytes().to_vec(),
+            },
+        );
+    }
+    produce(&broker.kafka(), &p.input, 2, &records).expect("produce the records");
+
+    kill_after_outputs(&broker, &p, "run0.log", 8_000);
+    let service = run_to_end(&p, "final.log");
+
+    assert_eq!(
+        log_lines(&service.log, "local store reopened").len(),
+        log_lines(&service.log, "task started").len() + log_lines(&service.log, "recovered from a failure").len(),
+        "every task resumed on its local store:\n{}",
+        common::tail(&service.log)
+    );
+    let sums = changelog_counts(&broker, &p);
+    let wrong: Vec<_> = exact.iter().filter(|(k, v)| sums.get(*k) != Some(*v)).take(5).collect();
+    assert!(wrong.is_empty(), "sums differ from the exact ones, e.g. {wrong:?}");
+    assert_eq!(sums.len(), exact.len());
+    let dead = broker.read_topic(&format!("{}-dead-letters", p.group));
+    let reasons: HashSet<&str> = dead
+        .iter()
+        .filter_map(|r| r.header(afstream::service::runner::DEAD_LETTER_REASON_HEADER))
+        .collect();
+    assert!(
+        dead.len() >= 3 && reasons.len() == 3,
+        "the three refused records, each at least once: {reasons:?}"
+    );
+    assert!(reasons.iter().any(|r| r.contains("no key")), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r.contains("not a number")), "{reasons:?}");
+}

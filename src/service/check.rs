@@ -12,7 +12,7 @@ use super::ServiceError;
 use crate::core::{
     AnalysisConstants, ControllerConfig, ErrorBound, Mode, Norm, Placement, TaskThresholds, ThresholdPolicy,
 };
-use crate::operators::{HeavyHitters, WordCount};
+use crate::operators::{HeavyHitters, KeyedAggregation, WordCount};
 
 /// Failures `check` lists the thresholds and bounds of.
 const FAILURES_SHOWN: u32 = 5;
@@ -85,6 +85,7 @@ pub fn plan(config: &Config, partitions: usize) -> Result<TaskPlan, ServiceError
     match &config.pipeline.operator {
         OperatorConfig::WordCount(c) => TaskPlan::new::<WordCount>(config, c, partitions),
         OperatorConfig::HeavyHitters(c) => TaskPlan::new::<HeavyHitters>(config, c, partitions),
+        OperatorConfig::KeyedAggregation(c) => TaskPlan::new::<KeyedAggregation>(config, c, partitions),
     }
 }
 
@@ -92,6 +93,7 @@ fn operator_name(operator: &OperatorConfig) -> &'static str {
     match operator {
         OperatorConfig::WordCount(_) => "word_count",
         OperatorConfig::HeavyHitters(_) => "heavy_hitters",
+        OperatorConfig::KeyedAggregation(_) => "keyed_aggregation",
     }
 }
 

@@ -8,9 +8,10 @@ use std::io::Write as _;
 
 use serde::Deserialize;
 
+use super::config::Format;
 use crate::core::{CoreError, KeyStore, Operator};
 use crate::operators::heavy_hitters::{FlowPacket, HeavyHitter, HeavyHitterConfig, HeavyHitters};
-use crate::operators::keyed_aggregation::KeyUpdate;
+use crate::operators::keyed_aggregation::{KeyUpdate, KeyedAggregation, KeyedAggregationConfig, KeyedValue};
 use crate::operators::word_count::{WordCount, WordCountConfig};
 
 /// An operator the service can run: how it is built, how a record becomes its
@@ -32,6 +33,13 @@ pub trait ServiceOperator: Operator + Sized {
 
     /// Decodes a record's value into `input`; the error says why it does not decode.
     fn decode(value: &[u8], input: &mut Self::Input) -> Result<(), String>;
+
+    /// Decodes a whole record in the pipeline's format; by default its value
+    /// alone (the config allows one format per operator).
+    fn decode_record(format: Format, key: Option<&[u8]>, value: &[u8], input: &mut Self::Input) -> Result<(), String> {
+        let _ = (format, key);
+        Self::decode(value, input)
+    }
 
     /// Encodes an output's key and value (both cleared first).
     fn encode(output: &Self::Output, key: &mut Vec<u8>, value: &mut Vec<u8>);
@@ -61,10 +69,81 @@ impl ServiceOperator for WordCount {
 
     /// Kafka Streams' convention: the word is the key, its new count the value.
     fn encode(update: &KeyUpdate, key: &mut Vec<u8>, value: &mut Vec<u8>) {
-        key.clear();
-        key.extend_from_slice(&update.key);
-        value.clear();
-        let _ = write!(value, "{}", update.value);
+        encode_key_update(update, key, value);
+    }
+}
+
+/// The key, and its new aggregate as text.
+fn encode_key_update(update: &KeyUpdate, key: &mut Vec<u8>, value: &mut Vec<u8>) {
+    key.clear();
+    key.extend_from_slice(&update.key);
+    value.clear();
+    let _ = write!(value, "{}", update.value);
+}
+
+/// A keyed number in JSON: `{"key": "…", "value": 2.5}` (the value may be
+/// left out when counting).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyedRecord<'a> {
+    #[serde(borrow)]
+    key: Cow<'a, str>,
+    #[serde(default)]
+    value: Option<f64>,
+}
+
+impl ServiceOperator for KeyedAggregation {
+    type Config = KeyedAggregationConfig;
+    const STORE_BACKED: bool = true;
+
+    fn build(config: &KeyedAggregationConfig, store: Option<(Box<dyn KeyStore>, usize)>) -> Result<Self, CoreError> {
+        match store {
+            Some((store, resident_keys)) => KeyedAggregation::with_store(*config, store, resident_keys),
+            None => KeyedAggregation::new(*config),
+        }
+    }
+
+    fn empty_input() -> KeyedValue {
+        KeyedValue {
+            key: Vec::new(),
+            value: 0.0,
+        }
+    }
+
+    /// JSON: `{"key": "…", "value": N}`.
+    fn decode(value: &[u8], input: &mut KeyedValue) -> Result<(), String> {
+        let record: KeyedRecord<'_> =
+            serde_json::from_slice(value).map_err(|e| format!("not {{\"key\": …, \"value\": …}}: {e}"))?;
+        input.key.clear();
+        input.key.extend_from_slice(record.key.as_bytes());
+        input.value = record.value.unwrap_or(1.0);
+        Ok(())
+    }
+
+    /// Text: the record's key is the key and its value a decimal number (any
+    /// value, even none, when counting: only the key matters then).
+    fn decode_record(format: Format, key: Option<&[u8]>, value: &[u8], input: &mut KeyedValue) -> Result<(), String> {
+        match format {
+            Format::Json => Self::decode(value, input),
+            Format::Text => {
+                let key = key.ok_or("the record has no key to aggregate by")?;
+                let text = std::str::from_utf8(value).map_err(|e| format!("not UTF-8 text: {e}"))?;
+                input.value = match text.trim() {
+                    "" => 1.0,
+                    number => number
+                        .parse()
+                        .map_err(|e| format!("value {number:?} is not a number: {e}"))?,
+                };
+                input.key.clear();
+                input.key.extend_from_slice(key);
+                Ok(())
+            }
+        }
+    }
+
+    /// The key, and its new count or sum as text.
+    fn encode(update: &KeyUpdate, key: &mut Vec<u8>, value: &mut Vec<u8>) {
+        encode_key_update(update, key, value);
     }
 }
 
@@ -136,6 +215,23 @@ mod tests {
             &mut value,
         );
         assert_eq!((key.as_slice(), value.as_slice()), (&b"be"[..], &b"3"[..]));
+    }
+
+    #[test]
+    fn keyed_numbers_decode_from_a_keyed_text_record_or_from_json() {
+        let mut input = KeyedAggregation::empty_input();
+        KeyedAggregation::decode_record(Format::Text, Some(b"eu"), b" 2.5 ", &mut input).expect("text");
+        assert_eq!((input.key.as_slice(), input.value), (&b"eu"[..], 2.5));
+        KeyedAggregation::decode_record(Format::Text, Some(b"us"), b"", &mut input).expect("a bare key counts one");
+        assert_eq!((input.key.as_slice(), input.value), (&b"us"[..], 1.0));
+        let error = KeyedAggregation::decode_record(Format::Text, None, b"1", &mut input).unwrap_err();
+        assert!(error.contains("no key"), "{error}");
+        let error = KeyedAggregation::decode_record(Format::Text, Some(b"k"), b"ten", &mut input).unwrap_err();
+        assert!(error.contains("not a number"), "{error}");
+        KeyedAggregation::decode_record(Format::Json, None, br#"{"key":"eu","value":-4}"#, &mut input).expect("json");
+        assert_eq!((input.key.as_slice(), input.value), (&b"eu"[..], -4.0));
+        let error = KeyedAggregation::decode_record(Format::Json, None, br#"{"value":1}"#, &mut input).unwrap_err();
+        assert!(error.contains("key"), "{error}");
     }
 
     #[test]

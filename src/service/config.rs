@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::core::{CoreError, ExactInterval, FailurePolicy, GlobalThresholds, Mode};
-use crate::operators::{HeavyHitterConfig, WordCountConfig};
+use crate::operators::{HeavyHitterConfig, KeyedAggregationConfig, WordCountConfig};
 
 /// Overrides `kafka.bootstrap_servers` of any config file.
 pub const ENV_BOOTSTRAP_SERVERS: &str = "AFSTREAM_BOOTSTRAP_SERVERS";
@@ -138,6 +138,7 @@ impl PipelineConfig {
 pub enum OperatorConfig {
     WordCount(WordCountConfig),
     HeavyHitters(HeavyHitterConfig),
+    KeyedAggregation(KeyedAggregationConfig),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -291,7 +292,9 @@ fn validate(config: &Config) -> Result<(), String> {
         );
     }
     match (&pipeline.operator, pipeline.format) {
-        (OperatorConfig::WordCount(_), Format::Text) | (OperatorConfig::HeavyHitters(_), Format::Json) => Ok(()),
+        (OperatorConfig::WordCount(_), Format::Text)
+        | (OperatorConfig::HeavyHitters(_), Format::Json)
+        | (OperatorConfig::KeyedAggregation(_), _) => Ok(()),
         (OperatorConfig::WordCount(_), format) => Err(format!(
             "pipeline.format = {format:?}: word_count reads text lines (format = \"text\")"
         )),

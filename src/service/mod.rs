@@ -25,7 +25,7 @@ pub mod store;
 use std::sync::atomic::AtomicBool;
 
 use crate::core::CoreError;
-use crate::operators::{HeavyHitters, WordCount};
+use crate::operators::{HeavyHitters, KeyedAggregation, WordCount};
 use config::{Config, OperatorConfig};
 use kafka::KafkaSetupError;
 pub use runner::{RunOptions, RunReport, TaskReport};
@@ -70,5 +70,6 @@ pub fn run(config: &Config, stop: &AtomicBool, options: RunOptions) -> Result<Ru
     match &config.pipeline.operator {
         OperatorConfig::WordCount(c) => runner::run_pipeline::<WordCount>(config, c, stop, options),
         OperatorConfig::HeavyHitters(c) => runner::run_pipeline::<HeavyHitters>(config, c, stop, options),
+        OperatorConfig::KeyedAggregation(c) => runner::run_pipeline::<KeyedAggregation>(config, c, stop, options),
     }
 }

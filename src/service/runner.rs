@@ -21,7 +21,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use super::check::TaskPlan;
 use super::codec::ServiceOperator;
-use super::config::Config;
+use super::config::{Config, Format};
 use super::kafka::{
     client_config, ensure_topics, is_permanent, partition_count, ChangelogLoader, Delivery, DeliveryEvent,
     DeliveryReports, FailedRecord, KafkaSetupError, TopicSpec, REQUEST_TIMEOUT,
@@ -652,6 +652,8 @@ struct Shared<'a> {
     changelog_producer: &'a BaseProducer<DeliveryReports>,
     consumer: &'a BaseConsumer<GroupContext>,
     topics: &'a Topics,
+    /// How input records are read.
+    format: Format,
 }
 
 /// Where one record of a batch lies in its byte buffer.
@@ -694,6 +696,7 @@ impl<'a> RawRecords<'a> {
 /// `taken` of the `filled` are processed. Reused from batch to batch, so it
 /// allocates only while its buffers grow.
 struct InputBatch<O: ServiceOperator> {
+    format: Format,
     inputs: Vec<O::Input>,
     offsets: Vec<u64>,
     spans: Vec<RawSpan>,
@@ -710,8 +713,9 @@ struct InputBatch<O: ServiceOperator> {
 }
 
 impl<O: ServiceOperator> InputBatch<O> {
-    fn new(next_offset: u64) -> Self {
+    fn new(format: Format, next_offset: u64) -> Self {
         InputBatch {
+            format,
             inputs: Vec::new(),
             offsets: Vec::new(),
             spans: Vec::new(),
@@ -758,7 +762,12 @@ impl<O: ServiceOperator> InputBatch<O> {
             value: keep(value),
         };
         self.spans.push(span);
-        if let Err(reason) = O::decode(value.unwrap_or_default(), &mut self.inputs[self.filled]) {
+        if let Err(reason) = O::decode_record(
+            self.format,
+            key,
+            value.unwrap_or_default(),
+            &mut self.inputs[self.filled],
+        ) {
             self.undecodable += 1;
             self.undecoded
                 .push((self.filled, Rejected(format!("does not decode: {reason}"))));
@@ -908,7 +917,7 @@ impl<O: ServiceOperator> Task<O> {
             partition: assigned.partition,
             driver,
             queue,
-            batch: InputBatch::new(plan.resume_offset),
+            batch: InputBatch::new(shared.format, plan.resume_offset),
             end: assigned.end,
             flight,
             key,
@@ -1326,6 +1335,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         changelog_producer: &changelog_producer,
         consumer: &consumer,
         topics: &topics,
+        format: pipeline.format,
     };
     let started = Instant::now();
     let mut tasks: BTreeMap<i32, Task<O>> = BTreeMap::new();
