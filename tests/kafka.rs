@@ -894,11 +894,18 @@ fn keyed_sums_on_local_stores_are_exact_after_a_sigkill_and_refused_records_are_
     let mut exact: HashMap<String, f64> = HashMap::new();
     for record in &records {
         let key = String::from_utf8(record.key.clone().expect("a key")).expect("a text key");
-        let value: f64 = std::str::from_utf8(&record.value).expect("text").parse().expect("a number");
+        let value: f64 = std::str::from_utf8(&record.value)
+            .expect("text")
+            .parse()
+            .expect("a number");
         *exact.entry(key).or_default() += value;
     }
     // Refused: a value over max_abs_value, one that is no number, one with no key.
-    for (at, key, value) in [(3_000, Some("key1"), "1000"), (9_000, Some("key2"), "ten"), (15_000, None, "5")] {
+    for (at, key, value) in [
+        (3_000, Some("key1"), "1000"),
+        (9_000, Some("key2"), "ten"),
+        (15_000, None, "5"),
+    ] {
         records.insert(
             at,
             InputRecord {
