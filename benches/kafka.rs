@@ -34,7 +34,10 @@ fn load_config(name: &str, address: &str, own_broker: bool) -> Config {
     let mut config = config::load(&path, &|_| None).unwrap_or_else(|e| panic!("{e}"));
     config.kafka.bootstrap_servers = address.to_string();
     if own_broker {
-        config.kafka.properties.insert("fetch.wait.max.ms".into(), "10".into());
+        config
+            .kafka
+            .properties
+            .insert("consumer.fetch.wait.max.ms".into(), "10".into());
     }
     config
 }

@@ -47,7 +47,7 @@ fn pipeline(
 [kafka]
 bootstrap_servers = "{address}"
 group_id = "{group}"
-properties = {{ "fetch.wait.max.ms" = "10" }}
+properties = {{ "consumer.fetch.wait.max.ms" = "10" }}
 
 [pipeline]
 input_topic = "{input}"

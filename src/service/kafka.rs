@@ -35,22 +35,45 @@ pub enum KafkaSetupError {
     },
 }
 
-/// The settings every client shares: the brokers, then the user's properties.
-pub fn client_config(kafka: &KafkaConfig, defaults: &[(&str, &str)]) -> ClientConfig {
+/// What a client is for: `kafka.properties` keys prefixed `consumer.` or
+/// `producer.` (Kafka Streams' convention) go to that kind of client only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientRole {
+    Consumer,
+    Producer,
+    Admin,
+}
+
+impl ClientRole {
+    /// The librdkafka property a configured key sets for this role, if any.
+    fn property(self, key: &str) -> Option<&str> {
+        match (key.strip_prefix("consumer."), key.strip_prefix("producer.")) {
+            (Some(property), _) => (self == ClientRole::Consumer).then_some(property),
+            (_, Some(property)) => (self == ClientRole::Producer).then_some(property),
+            _ => Some(key),
+        }
+    }
+}
+
+/// The settings of a client: the brokers, afstream's defaults, then the user's
+/// properties for its role.
+pub fn client_config(kafka: &KafkaConfig, role: ClientRole, defaults: &[(&str, &str)]) -> ClientConfig {
     let mut config = ClientConfig::new();
     config.set("bootstrap.servers", &kafka.bootstrap_servers);
     for (key, value) in defaults {
         config.set(*key, *value);
     }
     for (key, value) in &kafka.properties {
-        config.set(key, value);
+        if let Some(property) = role.property(key) {
+            config.set(property, value);
+        }
     }
     config
 }
 
 /// The number of partitions of `topic`, or `None` if it does not exist.
 pub fn partition_count(kafka: &KafkaConfig, topic: &str) -> Result<Option<usize>, KafkaSetupError> {
-    let client: BaseConsumer = client_config(kafka, &[]).create()?;
+    let client: BaseConsumer = client_config(kafka, ClientRole::Consumer, &[]).create()?;
     partitions_of(&client, topic)
 }
 
@@ -75,7 +98,7 @@ pub struct TopicSpec<'a> {
 /// Creates the topics that are missing and checks that the others have at least
 /// the partitions asked for.
 pub fn ensure_topics(kafka: &KafkaConfig, topics: &[TopicSpec<'_>]) -> Result<(), KafkaSetupError> {
-    let client: BaseConsumer = client_config(kafka, &[]).create()?;
+    let client: BaseConsumer = client_config(kafka, ClientRole::Consumer, &[]).create()?;
     let mut missing = Vec::new();
     for topic in topics {
         match partitions_of(&client, topic.name)? {
@@ -92,7 +115,7 @@ pub fn ensure_topics(kafka: &KafkaConfig, topics: &[TopicSpec<'_>]) -> Result<()
     if missing.is_empty() {
         return Ok(());
     }
-    let admin: AdminClient<DefaultClientContext> = client_config(kafka, &[]).create()?;
+    let admin: AdminClient<DefaultClientContext> = client_config(kafka, ClientRole::Admin, &[]).create()?;
     let new_topics: Vec<NewTopic<'_>> = missing
         .iter()
         .map(|t| {
@@ -150,6 +173,7 @@ impl TopicReader {
         let group = format!("{}-{purpose}", kafka.group_id);
         let consumer: BaseConsumer = client_config(
             kafka,
+            ClientRole::Consumer,
             &[
                 ("group.id", group.as_str()),
                 ("enable.auto.commit", "false"),
@@ -463,6 +487,33 @@ impl ProducerContext for DeliveryReports {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefixed_properties_go_to_their_kind_of_client_only() {
+        let kafka = KafkaConfig {
+            bootstrap_servers: "broker:9092".into(),
+            group_id: "g".into(),
+            properties: [
+                ("consumer.fetch.wait.max.ms", "10"),
+                ("producer.linger.ms", "50"),
+                ("client.id", "afstream-test"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            replication_factor: 1,
+        };
+        let consumer = client_config(&kafka, ClientRole::Consumer, &[]);
+        assert_eq!(consumer.get("fetch.wait.max.ms"), Some("10"));
+        assert_eq!(consumer.get("linger.ms"), None);
+        assert_eq!(consumer.get("client.id"), Some("afstream-test"));
+        let producer = client_config(&kafka, ClientRole::Producer, &[("linger.ms", "5")]);
+        assert_eq!(producer.get("linger.ms"), Some("50"), "the user's property wins");
+        assert_eq!(producer.get("fetch.wait.max.ms"), None);
+        let admin = client_config(&kafka, ClientRole::Admin, &[]);
+        assert_eq!((admin.get("fetch.wait.max.ms"), admin.get("linger.ms")), (None, None));
+        assert_eq!(admin.get("bootstrap.servers"), Some("broker:9092"));
+    }
 
     #[test]
     fn deliveries_pack_into_a_usize_and_back() {

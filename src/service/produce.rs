@@ -9,7 +9,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, Prod
 use rdkafka::ClientContext;
 
 use super::config::KafkaConfig;
-use super::kafka::{client_config, ensure_topics, TopicSpec, REQUEST_TIMEOUT};
+use super::kafka::{client_config, ensure_topics, ClientRole, TopicSpec, REQUEST_TIMEOUT};
 use super::ServiceError;
 use crate::workloads;
 
@@ -86,8 +86,12 @@ pub fn produce(
             compacted: false,
         }],
     )?;
-    let producer: BaseProducer<Failures> = client_config(kafka, &[("enable.idempotence", "true"), ("linger.ms", "20")])
-        .create_with_context(Failures::default())?;
+    let producer: BaseProducer<Failures> = client_config(
+        kafka,
+        ClientRole::Producer,
+        &[("enable.idempotence", "true"), ("linger.ms", "20")],
+    )
+    .create_with_context(Failures::default())?;
     for record in records {
         let mut base: BaseRecord<'_, [u8], [u8], ()> = BaseRecord::to(topic).payload(record.value.as_slice());
         if let Some(key) = &record.key {

@@ -23,7 +23,7 @@ use super::check::TaskPlan;
 use super::codec::ServiceOperator;
 use super::config::{Config, Format};
 use super::kafka::{
-    client_config, ensure_topics, is_permanent, partition_count, ChangelogLoader, Delivery, DeliveryEvent,
+    client_config, ensure_topics, is_permanent, partition_count, ChangelogLoader, ClientRole, Delivery, DeliveryEvent,
     DeliveryReports, FailedRecord, KafkaSetupError, TopicSpec, REQUEST_TIMEOUT,
 };
 use super::metrics::{TaskMetrics, TaskPosition};
@@ -1205,6 +1205,7 @@ fn idempotent_producer(
 ) -> Result<BaseProducer<DeliveryReports>, KafkaError> {
     client_config(
         kafka,
+        ClientRole::Producer,
         &[
             ("enable.idempotence", "true"),
             ("linger.ms", linger_ms),
@@ -1302,6 +1303,7 @@ pub fn run_pipeline<O: ServiceOperator>(
     let consumer: Arc<BaseConsumer<GroupContext>> = Arc::new(
         client_config(
             kafka,
+            ClientRole::Consumer,
             &[
                 ("group.id", kafka.group_id.as_str()),
                 ("enable.auto.commit", "true"),

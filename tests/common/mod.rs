@@ -109,7 +109,7 @@ impl Broker {
         KafkaConfig {
             bootstrap_servers: self.address.clone(),
             group_id: String::new(),
-            properties: [("fetch.wait.max.ms".to_string(), "10".to_string())].into(),
+            properties: [("consumer.fetch.wait.max.ms".to_string(), "10".to_string())].into(),
             replication_factor: 1,
         }
     }
