@@ -1375,22 +1375,6 @@ pub fn run_pipeline<O: ServiceOperator>(
             // delivery reports before they go.
             worked |= deliver_reports(&shared, &mut tasks, &mut events, now_ms);
         }
-        if let Some(revocation) = context.revoking.lock().ok().and_then(|mut r| r.take()) {
-            for partition in &revocation.partitions {
-                if let Some(task) = tasks.get_mut(partition) {
-                    tracing::info!(
-                        partition,
-                        "partition revoked; handing it off: final backup, clean marker"
-                    );
-                    task.begin_stop(&shared);
-                }
-            }
-            match handoff.as_mut() {
-                Some(pending) => pending.add(revocation.partitions, &revocation.tpl),
-                None => handoff = Some(revocation),
-            }
-            worked = true;
-        }
         for partition in revoked {
             if tasks.remove(&partition).is_some() {
                 tracing::info!(
@@ -1420,6 +1404,24 @@ pub fn run_pipeline<O: ServiceOperator>(
             )?;
             tasks.insert(partition, task);
             first_task.get_or_insert_with(Instant::now);
+        }
+        // After the assignments: a partition assigned and then revoked within
+        // one poll is started, then handed off.
+        if let Some(revocation) = context.revoking.lock().ok().and_then(|mut r| r.take()) {
+            for partition in &revocation.partitions {
+                if let Some(task) = tasks.get_mut(partition) {
+                    tracing::info!(
+                        partition,
+                        "partition revoked; handing it off: final backup, clean marker"
+                    );
+                    task.begin_stop(&shared);
+                }
+            }
+            match handoff.as_mut() {
+                Some(pending) => pending.add(revocation.partitions, &revocation.tpl),
+                None => handoff = Some(revocation),
+            }
+            worked = true;
         }
         match message {
             // A record fetched before its partition's queue was split.
