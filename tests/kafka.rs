@@ -762,24 +762,23 @@ fn keyed_word_lines(lines: usize, seed: u64) -> Vec<InputRecord> {
         .collect()
 }
 
-#[test]
-fn a_second_instance_takes_over_partitions_by_clean_handoff_without_a_failure() {
-    let dir = test_dir("wc-scale-out");
-    let broker = Broker::start(&dir);
-    let thresholds = (400.0, 400, 2000);
-    let p = pipeline(
-        &dir,
-        &broker,
-        "wc-scale-out",
-        "text",
-        &word_count_operator(),
-        thresholds,
-    );
-    let lines = keyed_word_lines(6_000, 17);
+/// A WordCount pipeline over `keyed_word_lines` produced to two partitions.
+fn keyed_pipeline_on_two_partitions(
+    dir: &Path,
+    broker: &Broker,
+    name: &str,
+    thresholds: (f64, u64, u64),
+    seed: u64,
+) -> (Pipeline, Vec<InputRecord>) {
+    let p = pipeline(dir, broker, name, "text", &word_count_operator(), thresholds);
+    let lines = keyed_word_lines(6_000, seed);
     produce(&broker.kafka(), &p.input, 2, &lines).expect("produce the lines");
-    let exact = exact_word_counts(&lines);
-    let words: usize = lines.len() * 5;
+    (p, lines)
+}
 
+/// Starts one instance, waits for its first outputs, then starts a second in
+/// the same group and waits until the group has given it a partition.
+fn two_instances(dir: &Path, broker: &Broker, p: &Pipeline) -> (Service, Service) {
     let mut first = Service::start(&p.config, &dir.join("first.log"), false);
     first.wait_until(RUN_DEADLINE, "outputs of the first instance", || {
         broker.record_count(&p.output) > 3_000
@@ -789,6 +788,19 @@ fn a_second_instance_takes_over_partitions_by_clean_handoff_without_a_failure() 
     second.wait_until(RUN_DEADLINE, "a partition handed to the second instance", || {
         !log_lines(&second_log, "task started").is_empty()
     });
+    (first, second)
+}
+
+#[test]
+fn a_second_instance_takes_over_partitions_by_clean_handoff_without_a_failure() {
+    let dir = test_dir("wc-scale-out");
+    let broker = Broker::start(&dir);
+    let thresholds = (400.0, 400, 2000);
+    let (p, lines) = keyed_pipeline_on_two_partitions(&dir, &broker, "wc-scale-out", thresholds, 17);
+    let exact = exact_word_counts(&lines);
+    let words: usize = lines.len() * 5;
+
+    let (mut first, second) = two_instances(&dir, &broker, &p);
     first.wait_until(RUN_DEADLINE, "every output, from both instances", || {
         broker.record_count(&p.output) >= words as i64
     });
@@ -831,27 +843,10 @@ fn the_partitions_of_a_killed_instance_move_to_the_other_within_the_bound() {
     let dir = test_dir("wc-kill-instance");
     let broker = Broker::start(&dir);
     let thresholds = (400.0, 400, 2000);
-    let p = pipeline(
-        &dir,
-        &broker,
-        "wc-kill-instance",
-        "text",
-        &word_count_operator(),
-        thresholds,
-    );
-    let lines = keyed_word_lines(6_000, 29);
-    produce(&broker.kafka(), &p.input, 2, &lines).expect("produce the lines");
+    let (p, lines) = keyed_pipeline_on_two_partitions(&dir, &broker, "wc-kill-instance", thresholds, 29);
     let exact = exact_word_counts(&lines);
 
-    let mut first = Service::start(&p.config, &dir.join("first.log"), false);
-    first.wait_until(RUN_DEADLINE, "outputs of the first instance", || {
-        broker.record_count(&p.output) > 3_000
-    });
-    let mut second = Service::start(&p.config, &dir.join("second.log"), false);
-    let second_log = second.log.clone();
-    second.wait_until(RUN_DEADLINE, "a partition handed to the second instance", || {
-        !log_lines(&second_log, "task started").is_empty()
-    });
+    let (mut first, mut second) = two_instances(&dir, &broker, &p);
     second.wait_until(RUN_DEADLINE, "more outputs", || broker.record_count(&p.output) > 12_000);
     second.kill();
     // After the session timeout the group moves the partition to the first

@@ -20,7 +20,6 @@ const FAILURES_SHOWN: u32 = 5;
 /// What every task of a pipeline runs with, for a number of input partitions.
 #[derive(Clone, Copy, Debug)]
 pub struct TaskPlan {
-    pub partitions: usize,
     pub constants: AnalysisConstants,
     pub norm: Norm,
     pub policy: ThresholdPolicy,
@@ -57,7 +56,6 @@ impl TaskPlan {
             constants,
         )?;
         Ok(TaskPlan {
-            partitions,
             constants,
             norm,
             policy,
