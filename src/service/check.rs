@@ -7,12 +7,11 @@
 use std::fmt::Write as _;
 
 use super::codec::ServiceOperator;
-use super::config::{Config, OperatorConfig, PolicyName};
+use super::config::{Config, PolicyName};
 use super::ServiceError;
 use crate::core::{
     AnalysisConstants, ControllerConfig, ErrorBound, Mode, Norm, Placement, TaskThresholds, ThresholdPolicy,
 };
-use crate::operators::{HeavyHitters, KeyedAggregation, WordCount};
 
 /// Failures `check` lists the thresholds and bounds of.
 const FAILURES_SHOWN: u32 = 5;
@@ -37,6 +36,8 @@ impl TaskPlan {
         partitions: usize,
     ) -> Result<Self, ServiceError> {
         let probe = O::build(operator_config, None)?;
+        // The format's schemas are read and checked here too, so `check` finds what `run` would.
+        super::codec::Codec::new::<O>(&config.pipeline).map_err(ServiceError::Unsupported)?;
         let ft = &config.pipeline.fault_tolerance;
         let parallelism = u32::try_from(partitions)
             .ok()
@@ -80,19 +81,9 @@ impl TaskPlan {
 
 /// The plan of the configured operator.
 pub fn plan(config: &Config, partitions: usize) -> Result<TaskPlan, ServiceError> {
-    match &config.pipeline.operator {
-        OperatorConfig::WordCount(c) => TaskPlan::new::<WordCount>(config, c, partitions),
-        OperatorConfig::HeavyHitters(c) => TaskPlan::new::<HeavyHitters>(config, c, partitions),
-        OperatorConfig::KeyedAggregation(c) => TaskPlan::new::<KeyedAggregation>(config, c, partitions),
-    }
-}
-
-fn operator_name(operator: &OperatorConfig) -> &'static str {
-    match operator {
-        OperatorConfig::WordCount(_) => "word_count",
-        OperatorConfig::HeavyHitters(_) => "heavy_hitters",
-        OperatorConfig::KeyedAggregation(_) => "keyed_aggregation",
-    }
+    crate::with_operator!(&config.pipeline.operator, |O, c| TaskPlan::new::<O>(
+        config, c, partitions
+    ))
 }
 
 fn row(out: &mut String, k: &str, t: TaskThresholds, bound: Option<ErrorBound>) {
@@ -138,7 +129,7 @@ pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError
     let _ = writeln!(
         out,
         "operator: {} (alpha = {}, beta = {}, divergence {:?})",
-        operator_name(&pipeline.operator),
+        pipeline.operator.kind(),
         trim(&format!("{:.6}", plan.constants.alpha)),
         plan.constants.beta,
         plan.norm

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::core::{CoreError, ExactInterval, FailurePolicy, GlobalThresholds, Mode};
-use crate::operators::{HeavyHitterConfig, KeyedAggregationConfig, WordCountConfig};
+use crate::operators::{HeavyHitterConfig, JoinConfig, KeyedAggregationConfig, LogisticConfig, WordCountConfig};
 
 /// Overrides `kafka.bootstrap_servers` of any config file.
 pub const ENV_BOOTSTRAP_SERVERS: &str = "AFSTREAM_BOOTSTRAP_SERVERS";
@@ -59,14 +59,54 @@ fn default_replication() -> i32 {
     1
 }
 
-/// How input values are read.
+/// How input and output values are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Format {
-    /// The value is one UTF-8 text line.
+    /// A UTF-8 text line (with the record's key, for keyed operators).
     Text,
-    /// The value is one JSON object.
+    /// One JSON object with the fields of the workload's schema in `schemas/`.
     Json,
+    /// One Avro datum of the workload's schema in `schemas/`, plain or in
+    /// Confluent's wire format (see [`AvroConfig`]).
+    Avro,
+}
+
+/// How Avro values are framed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Framing {
+    /// Confluent's wire format: a zero magic byte and a 4-byte big-endian
+    /// schema id before the datum (what Confluent's serializers write).
+    #[default]
+    Confluent,
+    /// The datum alone.
+    Plain,
+}
+
+/// `[pipeline.avro]`: Avro input and output (with `format = "avro"`).
+///
+/// afstream has no Schema Registry client: it reads every input record with
+/// one writer schema (`input_schema`, resolved against the workload's own), and
+/// `input_schema_id` makes it refuse Confluent-framed records written with
+/// another one instead of misreading them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AvroConfig {
+    /// How input values are framed (default: Confluent's wire format).
+    #[serde(default)]
+    pub input_framing: Framing,
+    /// The schema input values were written with (an `.avsc` file, relative to
+    /// the working directory). Default: the workload's schema in `schemas/`.
+    #[serde(default)]
+    pub input_schema: Option<PathBuf>,
+    /// With Confluent framing: the only schema id accepted on input.
+    #[serde(default)]
+    pub input_schema_id: Option<u32>,
+    /// Write outputs in Confluent's wire format with this schema id (that of
+    /// the output schema in your registry); plain Avro without it.
+    #[serde(default)]
+    pub output_schema_id: Option<u32>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -86,6 +126,9 @@ pub struct PipelineConfig {
     #[serde(default)]
     pub dead_letter_topic: Option<String>,
     pub format: Format,
+    /// Avro framing and schemas, with `format = "avro"`.
+    #[serde(default)]
+    pub avro: Option<AvroConfig>,
     /// The pipeline's local state directory (relative to the working
     /// directory). A process locks it for its group, so two processes never
     /// share one. Keyed operators (WordCount) keep their state here, one
@@ -139,6 +182,75 @@ pub enum OperatorConfig {
     WordCount(WordCountConfig),
     HeavyHitters(HeavyHitterConfig),
     KeyedAggregation(KeyedAggregationConfig),
+    Grep(GrepConfig),
+    LogisticRegression(LogisticConfig),
+    OnlineJoin(JoinConfig),
+}
+
+/// Grep: lines matching a regular expression pass, the others do not.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrepConfig {
+    /// A regular expression (Rust's `regex` syntax).
+    pub pattern: String,
+}
+
+impl OperatorConfig {
+    /// Its `kind`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OperatorConfig::WordCount(_) => "word_count",
+            OperatorConfig::HeavyHitters(_) => "heavy_hitters",
+            OperatorConfig::KeyedAggregation(_) => "keyed_aggregation",
+            OperatorConfig::Grep(_) => "grep",
+            OperatorConfig::LogisticRegression(_) => "logistic_regression",
+            OperatorConfig::OnlineJoin(_) => "online_join",
+        }
+    }
+
+    /// Whether it reads `format = "text"`: a line (keyed aggregation: the
+    /// record's key and a decimal number); the others need fields.
+    pub fn reads_text(&self) -> bool {
+        matches!(
+            self,
+            OperatorConfig::WordCount(_) | OperatorConfig::KeyedAggregation(_) | OperatorConfig::Grep(_)
+        )
+    }
+}
+
+/// Runs `$body` with `$operator` the operator type of a config and `$config`
+/// its parameters: the one place that maps a `kind` to its Rust type.
+#[macro_export]
+macro_rules! with_operator {
+    ($operator_config:expr, |$operator:ident, $config:ident| $body:expr) => {{
+        use $crate::service::config::OperatorConfig as Kind;
+        match $operator_config {
+            Kind::WordCount($config) => {
+                type $operator = $crate::operators::WordCount;
+                $body
+            }
+            Kind::HeavyHitters($config) => {
+                type $operator = $crate::operators::HeavyHitters;
+                $body
+            }
+            Kind::KeyedAggregation($config) => {
+                type $operator = $crate::operators::KeyedAggregation;
+                $body
+            }
+            Kind::Grep($config) => {
+                type $operator = $crate::operators::Grep;
+                $body
+            }
+            Kind::LogisticRegression($config) => {
+                type $operator = $crate::operators::OnlineLogisticRegression;
+                $body
+            }
+            Kind::OnlineJoin($config) => {
+                type $operator = $crate::operators::OnlineJoin;
+                $body
+            }
+        }
+    }};
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -291,17 +403,32 @@ fn validate(config: &Config) -> Result<(), String> {
                 .into(),
         );
     }
-    match (&pipeline.operator, pipeline.format) {
-        (OperatorConfig::WordCount(_), Format::Text)
-        | (OperatorConfig::HeavyHitters(_), Format::Json)
-        | (OperatorConfig::KeyedAggregation(_), _) => Ok(()),
-        (OperatorConfig::WordCount(_), format) => Err(format!(
-            "pipeline.format = {format:?}: word_count reads text lines (format = \"text\")"
-        )),
-        (OperatorConfig::HeavyHitters(_), format) => Err(format!(
-            "pipeline.format = {format:?}: heavy_hitters reads JSON packets {{\"flow\": \"…\", \"bytes\": N}} (format = \"json\")"
-        )),
+    if pipeline.avro.is_some() && pipeline.format != Format::Avro {
+        return Err(format!(
+            "[pipeline.avro] is set but `pipeline.format` = {:?}: set format = \"avro\" or remove the table",
+            pipeline.format
+        ));
     }
+    if let Some(avro) = &pipeline.avro {
+        if avro.input_framing == Framing::Plain && avro.input_schema_id.is_some() {
+            return Err(
+                "`pipeline.avro.input_schema_id` needs input_framing = \"confluent\": plain Avro carries no schema id"
+                    .into(),
+            );
+        }
+    }
+    if let OperatorConfig::Grep(grep) = &pipeline.operator {
+        regex::Regex::new(&grep.pattern)
+            .map_err(|e| format!("`pipeline.operator.pattern` = {:?}: {e}", grep.pattern))?;
+    }
+    if pipeline.format == Format::Text && !pipeline.operator.reads_text() {
+        return Err(format!(
+            "`pipeline.format` = \"text\": {} reads records with fields (format = \"json\" or \"avro\"; the fields \
+             are those of its schema in schemas/)",
+            pipeline.operator.kind()
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -370,8 +497,22 @@ max_unacked = 500
         assert!(parse(&unknown, &no_env).unwrap_err().contains("max_words"));
         let negative = GOOD.replace("theta = 1000.0", "theta = -1.0");
         assert!(parse(&negative, &no_env).unwrap_err().contains("theta"));
-        let format = GOOD.replace("format = \"text\"", "format = \"json\"");
-        assert!(parse(&format, &no_env).unwrap_err().contains("format"));
+        let text = GOOD.replace(
+            "kind = \"word_count\"\nmax_words_per_line = 50",
+            "kind = \"heavy_hitters\"",
+        );
+        let error = parse(&text, &no_env).unwrap_err();
+        assert!(
+            error.contains("pipeline.format") && error.contains("heavy_hitters"),
+            "{error}"
+        );
+        let pattern = GOOD.replace(
+            "kind = \"word_count\"\nmax_words_per_line = 50",
+            "kind = \"grep\"\npattern = \"(a\"",
+        );
+        assert!(parse(&pattern, &no_env)
+            .unwrap_err()
+            .contains("pipeline.operator.pattern"));
         let same = GOOD.replace("output_topic = \"counts\"", "output_topic = \"lines\"");
         assert!(parse(&same, &no_env).unwrap_err().contains("must differ"));
         let dead = GOOD.replace(
@@ -383,6 +524,29 @@ max_unacked = 500
             .contains("dead-letter (wc-changelog)"));
         let interval = GOOD.replace("max_unacked = 500", "max_unacked = 500\nexact_interval_ms = 100");
         assert!(parse(&interval, &no_env).unwrap_err().contains("exact_interval"));
+    }
+
+    #[test]
+    fn avro_settings_are_checked() {
+        let avro = GOOD.replace("format = \"text\"", "format = \"avro\"");
+        let config = parse(&avro, &no_env).expect("Avro with the defaults");
+        assert_eq!(config.pipeline.avro, None);
+        let framed = format!("{avro}\n[pipeline.avro]\ninput_schema_id = 3\noutput_schema_id = 4\n");
+        let config = parse(&framed, &no_env).expect("framed");
+        let settings = config.pipeline.avro.expect("[pipeline.avro]");
+        assert_eq!(settings.input_framing, Framing::Confluent);
+        assert_eq!(
+            (settings.input_schema_id, settings.output_schema_id),
+            (Some(3), Some(4))
+        );
+        let plain_with_id = format!("{avro}\n[pipeline.avro]\ninput_framing = \"plain\"\ninput_schema_id = 3\n");
+        assert!(parse(&plain_with_id, &no_env)
+            .unwrap_err()
+            .contains("pipeline.avro.input_schema_id"));
+        let not_avro = format!("{GOOD}\n[pipeline.avro]\noutput_schema_id = 4\n");
+        assert!(parse(&not_avro, &no_env).unwrap_err().contains("[pipeline.avro]"));
+        let unknown = format!("{avro}\n[pipeline.avro]\nschema_registry = \"http://x\"\n");
+        assert!(parse(&unknown, &no_env).unwrap_err().contains("schema_registry"));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::codec::ServiceOperator;
+use super::codec::{Codec, ServiceOperator};
 use super::config::KafkaConfig;
 use super::kafka::{ChangelogLoader, TopicReader};
 use super::produce::{packet_records, produce};
@@ -227,7 +227,9 @@ pub fn run_demo(options: &DemoOptions, out: &mut dyn Write) -> Result<(), Servic
     let mut flow_bytes: HashMap<Vec<u8>, f64> = HashMap::new();
     for record in &records {
         let mut packet = HeavyHitters::empty_input();
-        HeavyHitters::decode(&record.value, &mut packet).map_err(demo_error("a generated packet"))?;
+        Codec::Json
+            .decode::<HeavyHitters>(None, &record.value, &mut packet)
+            .map_err(demo_error("a generated packet"))?;
         *flow_bytes.entry(packet.flow).or_default() += packet.bytes as f64;
     }
     let total: f64 = flow_bytes.values().sum();
@@ -398,7 +400,7 @@ pub fn run_demo(options: &DemoOptions, out: &mut dyn Write) -> Result<(), Servic
         reader
             .read_all(&input, partition, |m| {
                 if let Some(value) = rdkafka::Message::payload(m) {
-                    if HeavyHitters::decode(value, &mut packet).is_ok() {
+                    if Codec::Json.decode::<HeavyHitters>(None, value, &mut packet).is_ok() {
                         let _ = clean.process(&packet, &mut outputs);
                         outputs.clear();
                     }

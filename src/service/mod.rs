@@ -25,8 +25,7 @@ pub mod store;
 use std::sync::atomic::AtomicBool;
 
 use crate::core::CoreError;
-use crate::operators::{HeavyHitters, KeyedAggregation, WordCount};
-use config::{Config, OperatorConfig};
+use config::Config;
 use kafka::KafkaSetupError;
 pub use runner::{RunOptions, RunReport, TaskReport};
 
@@ -67,9 +66,7 @@ pub fn run(config: &Config, stop: &AtomicBool, options: RunOptions) -> Result<Ru
         let address = metrics::serve(&metrics.address)?;
         tracing::info!(%address, "serving Prometheus metrics at /metrics");
     }
-    match &config.pipeline.operator {
-        OperatorConfig::WordCount(c) => runner::run_pipeline::<WordCount>(config, c, stop, options),
-        OperatorConfig::HeavyHitters(c) => runner::run_pipeline::<HeavyHitters>(config, c, stop, options),
-        OperatorConfig::KeyedAggregation(c) => runner::run_pipeline::<KeyedAggregation>(config, c, stop, options),
-    }
+    crate::with_operator!(&config.pipeline.operator, |O, c| runner::run_pipeline::<O>(
+        config, c, stop, options
+    ))
 }

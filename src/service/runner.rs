@@ -20,8 +20,8 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use super::check::TaskPlan;
-use super::codec::ServiceOperator;
-use super::config::{Config, Format};
+use super::codec::{Codec, ServiceOperator};
+use super::config::Config;
 use super::kafka::{
     client_config, ensure_topics, is_permanent, partition_count, ChangelogLoader, ClientRole, Delivery, DeliveryEvent,
     DeliveryReports, FailedRecord, KafkaSetupError, TopicSpec, REQUEST_TIMEOUT,
@@ -537,14 +537,25 @@ fn send_to_changelog(
 
 impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
     fn send_output(&mut self, item_offset: u64, output: O::Output) {
-        O::encode(&output, self.key, self.value);
+        let keyed = match self.shared.codec.encode::<O>(&output, self.key, self.value) {
+            Ok(keyed) => keyed,
+            Err(error) => {
+                self.flight.fatal.get_or_insert(format!(
+                    "encoding an output (input partition {}, offset {item_offset}): {error}",
+                    self.partition
+                ));
+                return;
+            }
+        };
         let delivery = Delivery::Output {
             partition: self.partition,
             offset: item_offset,
         };
-        let record = BaseRecord::with_opaque_to(&self.shared.topics.output, delivery.pack())
-            .key(self.key.as_slice())
-            .payload(self.value.as_slice());
+        let mut record =
+            BaseRecord::with_opaque_to(&self.shared.topics.output, delivery.pack()).payload(self.value.as_slice());
+        if keyed {
+            record = record.key(self.key.as_slice());
+        }
         if let Err(error) = send(self.shared.producer, record) {
             self.flight.fatal.get_or_insert(format!(
                 "producing an output to {} (input partition {}, offset {item_offset}): {error}",
@@ -652,8 +663,8 @@ struct Shared<'a> {
     changelog_producer: &'a BaseProducer<DeliveryReports>,
     consumer: &'a BaseConsumer<GroupContext>,
     topics: &'a Topics,
-    /// How input records are read.
-    format: Format,
+    /// How records are read and written.
+    codec: &'a Codec,
 }
 
 /// Where one record of a batch lies in its byte buffer.
@@ -696,7 +707,6 @@ impl<'a> RawRecords<'a> {
 /// `taken` of the `filled` are processed. Reused from batch to batch, so it
 /// allocates only while its buffers grow.
 struct InputBatch<O: ServiceOperator> {
-    format: Format,
     inputs: Vec<O::Input>,
     offsets: Vec<u64>,
     spans: Vec<RawSpan>,
@@ -713,9 +723,8 @@ struct InputBatch<O: ServiceOperator> {
 }
 
 impl<O: ServiceOperator> InputBatch<O> {
-    fn new(format: Format, next_offset: u64) -> Self {
+    fn new(next_offset: u64) -> Self {
         InputBatch {
-            format,
             inputs: Vec::new(),
             offsets: Vec::new(),
             spans: Vec::new(),
@@ -740,7 +749,7 @@ impl<O: ServiceOperator> InputBatch<O> {
 
     /// Adds a record to the batch; one that does not decode keeps its slot, to
     /// be refused in its turn.
-    fn accept(&mut self, offset: u64, key: Option<&[u8]>, value: Option<&[u8]>) {
+    fn accept(&mut self, codec: &Codec, offset: u64, key: Option<&[u8]>, value: Option<&[u8]>) {
         if offset < self.next_offset {
             return; // Already taken (a record fetched before the queue was split).
         }
@@ -762,12 +771,7 @@ impl<O: ServiceOperator> InputBatch<O> {
             value: keep(value),
         };
         self.spans.push(span);
-        if let Err(reason) = O::decode_record(
-            self.format,
-            key,
-            value.unwrap_or_default(),
-            &mut self.inputs[self.filled],
-        ) {
+        if let Err(reason) = codec.decode::<O>(key, value.unwrap_or_default(), &mut self.inputs[self.filled]) {
             self.undecodable += 1;
             self.undecoded
                 .push((self.filled, Rejected(format!("does not decode: {reason}"))));
@@ -917,7 +921,7 @@ impl<O: ServiceOperator> Task<O> {
             partition: assigned.partition,
             driver,
             queue,
-            batch: InputBatch::new(shared.format, plan.resume_offset),
+            batch: InputBatch::new(plan.resume_offset),
             end: assigned.end,
             flight,
             key,
@@ -1077,7 +1081,7 @@ impl<O: ServiceOperator> Task<O> {
                 match self.queue.poll(Duration::ZERO) {
                     Some(Ok(message)) => {
                         let offset = message.offset().max(0) as u64;
-                        batch.accept(offset, message.key(), message.payload());
+                        batch.accept(shared.codec, offset, message.key(), message.payload());
                         worked = true;
                     }
                     Some(Err(error)) => {
@@ -1231,6 +1235,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         changelog: pipeline.changelog_topic(&kafka.group_id),
         dead_letters: pipeline.dead_letter_topic(&kafka.group_id),
     };
+    let codec = Codec::new::<O>(pipeline).map_err(ServiceError::Unsupported)?;
     let _state_lock = match &pipeline.state_dir {
         Some(dir) => Some(lock_state_dir(dir, &kafka.group_id)?),
         None => None,
@@ -1337,7 +1342,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         changelog_producer: &changelog_producer,
         consumer: &consumer,
         topics: &topics,
-        format: pipeline.format,
+        codec: &codec,
     };
     let started = Instant::now();
     let mut tasks: BTreeMap<i32, Task<O>> = BTreeMap::new();
@@ -1427,8 +1432,12 @@ pub fn run_pipeline<O: ServiceOperator>(
             // A record fetched before its partition's queue was split.
             Some(Ok(message)) => {
                 if let Some(task) = tasks.get_mut(&message.partition()) {
-                    task.batch
-                        .accept(message.offset().max(0) as u64, message.key(), message.payload());
+                    task.batch.accept(
+                        shared.codec,
+                        message.offset().max(0) as u64,
+                        message.key(),
+                        message.payload(),
+                    );
                 }
                 worked = true;
             }
