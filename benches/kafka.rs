@@ -139,7 +139,7 @@ fn main() {
                 topic: format!("bench-packets-{stamp}"),
                 store_backed: false,
             },
-            packet_records(items, 2),
+            packet_records(items, 2).expect("packets"),
             2,
         ),
     ];

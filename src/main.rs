@@ -39,8 +39,12 @@ enum Command {
     /// Check a config file without connecting: print the per-task thresholds
     /// after each failure and the error bounds they guarantee.
     Check(CheckArgs),
-    /// Produce a seeded synthetic workload into a topic (created when missing).
+    /// Produce a workload into a topic (created when missing): seeded synthetic
+    /// data or a file, as text, JSON or Avro.
     Produce(ProduceArgs),
+    /// The exact answer of a config's workload, from its input topic as it is
+    /// now; with --compare, the output topic against it.
+    Exact(ExactArgs),
     /// The whole story on a real broker: packets in, a heavy-hitter pipeline
     /// killed with SIGKILL and restarted, the answer against the exact one and
     /// each partition's error against its bound.
@@ -97,12 +101,17 @@ struct CheckArgs {
     partitions: usize,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum ProduceWorkload {
-    /// Text lines of Zipf-distributed words.
-    Text,
-    /// JSON packets of Zipf-distributed flows, keyed by flow.
-    Packets,
+#[derive(clap::Args)]
+struct ExactArgs {
+    /// The pipeline's config file (TOML).
+    #[arg(long)]
+    config: std::path::PathBuf,
+    /// Also read the output topic and report its error against the exact answer.
+    #[arg(long)]
+    compare: bool,
+    /// Print the report as JSON (with every key's exact value).
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -111,10 +120,34 @@ struct ProduceArgs {
     bootstrap_servers: String,
     #[arg(long)]
     topic: String,
+    /// Whose input the records are (their schema in schemas/).
     #[arg(long, value_enum)]
-    workload: ProduceWorkload,
+    workload: service::produce::Workload,
+    /// Read the records from this file instead of generating them.
+    #[arg(long)]
+    file: Option<std::path::PathBuf>,
+    /// How the file is laid out (default: by its extension: .csv, .jsonl or
+    /// .json, else text lines).
+    #[arg(long, value_enum)]
+    file_format: Option<service::produce::FileFormat>,
+    /// How values are written (default: text for the text workload, JSON otherwise).
+    #[arg(long, value_enum)]
+    format: Option<service::config::Format>,
+    /// Avro: Confluent's wire format or the datum alone.
+    #[arg(long, value_enum, default_value = "confluent")]
+    framing: service::config::Framing,
+    /// Avro with Confluent framing: the schema id written before each datum.
+    #[arg(long, default_value_t = 1)]
+    schema_id: u32,
+    /// Avro: the schema to write with (default: the workload's, compiled in).
+    #[arg(long)]
+    schema: Option<std::path::PathBuf>,
+    /// Synthetic records to generate.
     #[arg(long, default_value_t = 20_000)]
     items: usize,
+    /// At most this many records a second.
+    #[arg(long)]
+    rate: Option<f64>,
     /// Partitions of the topic when it has to be created.
     #[arg(long, default_value_t = 1)]
     partitions: usize,
@@ -198,6 +231,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run_service(&args),
         Command::Check(args) => check(&args),
         Command::Produce(args) => produce(&args),
+        Command::Exact(args) => exact(&args),
         Command::Demo(args) => demo(&args),
     };
     match result {
@@ -228,25 +262,163 @@ fn run_service(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
 
 fn check(args: &CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
     let config = service::config::load(&args.config, &|key| std::env::var(key).ok()).map_err(|e| e.to_string())?;
-    let report = service::check::report(&config, args.partitions)?;
+    let report = service::check::report(&config, args.partitions)
+        .map_err(|e| format!("config {}: {e}", args.config.display()))?;
     println!("config {}: valid", args.config.display());
     print!("{report}");
     Ok(())
 }
 
 fn produce(args: &ProduceArgs) -> Result<(), Box<dyn std::error::Error>> {
+    use service::config::{AvroConfig, Format, Framing};
+    use service::produce::{Encoder, FileFormat, ProduceOptions, Workload};
     let kafka = service::config::KafkaConfig {
         bootstrap_servers: args.bootstrap_servers.clone(),
         group_id: String::new(),
         properties: args.properties.iter().cloned().collect(),
         replication_factor: 1,
     };
-    let records = match args.workload {
-        ProduceWorkload::Text => service::produce::text_records(args.items, args.seed),
-        ProduceWorkload::Packets => service::produce::packet_records(args.items, args.seed),
+    if let Some(rate) = args.rate.filter(|r| !(r.is_finite() && *r > 0.0)) {
+        return Err(format!("--rate {rate}: must be a positive number of records a second").into());
+    }
+    let format = args.format.unwrap_or(match args.workload {
+        Workload::Text => Format::Text,
+        _ => Format::Json,
+    });
+    let avro = AvroConfig {
+        input_framing: args.framing,
+        input_schema: args.schema.clone(),
+        input_schema_id: (args.framing == Framing::Confluent).then_some(args.schema_id),
+        output_schema_id: None,
     };
-    service::produce::produce(&kafka, &args.topic, args.partitions, &records).map_err(|e| e.to_string())?;
-    eprintln!("produced {} records to {}", records.len(), args.topic);
+    let encoder = Encoder::new(args.workload, format, Some(&avro))?;
+    let options = |total| ProduceOptions {
+        rate: args.rate,
+        progress: Some(total),
+    };
+    let (summary, source) = match &args.file {
+        Some(path) => {
+            let layout = args
+                .file_format
+                .unwrap_or_else(|| match path.extension().and_then(|e| e.to_str()) {
+                    Some("csv") => FileFormat::Csv,
+                    Some("jsonl" | "json") => FileFormat::JsonLines,
+                    _ => FileFormat::Lines,
+                });
+            let records = encoder.file(path, layout)?;
+            let summary =
+                service::produce::produce_from(&kafka, &args.topic, args.partitions, records, &options(None))?;
+            (summary, format!("{} ({layout:?})", path.display()))
+        }
+        None => {
+            let records = encoder.synthetic(args.items, args.seed)?;
+            let summary = service::produce::produce_from(
+                &kafka,
+                &args.topic,
+                args.partitions,
+                records.into_iter().map(Ok),
+                &options(Some(args.items as u64)),
+            )?;
+            (summary, format!("synthetic, seed {}", args.seed))
+        }
+    };
+    let framing = match (format, args.framing) {
+        (Format::Avro, Framing::Confluent) => format!(" (Confluent framing, schema id {})", args.schema_id),
+        (Format::Avro, Framing::Plain) => " (plain)".to_string(),
+        _ => String::new(),
+    };
+    let seconds = summary.elapsed.as_secs_f64();
+    println!(
+        "wrote {} {:?} records ({:.1} MB) as {format:?}{framing} to topic {} from {source} in {seconds:.1} s ({:.0} records/s)",
+        summary.records,
+        args.workload,
+        summary.bytes as f64 / 1e6,
+        args.topic,
+        summary.records as f64 / seconds.max(1e-9),
+    );
+    Ok(())
+}
+
+fn exact(args: &ExactArgs) -> Result<(), Box<dyn std::error::Error>> {
+    use service::exact::{Answer, Comparison};
+    let config = service::config::load(&args.config, &|key| std::env::var(key).ok()).map_err(|e| e.to_string())?;
+    let report = service::exact::exact(&config, args.compare)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "{}: {} input records in {} ({} refused)",
+        report.kind, report.input_records, report.input_topic, report.refused_records
+    );
+    match &report.answer {
+        Answer::PerKey { keys, total, .. } => println!("exact: {keys} keys, total {total}"),
+        Answer::HeavyHitters {
+            total_bytes,
+            threshold_bytes,
+            hitters,
+        } => println!(
+            "exact: {} heavy hitters (>= {threshold_bytes} of {total_bytes} bytes)",
+            hitters.len()
+        ),
+        Answer::Matches { lines } => println!("exact: {lines} matching lines"),
+        Answer::Predictions {
+            items,
+            accuracy,
+            log_loss,
+        } => println!("failure-free: {items} predictions, accuracy {accuracy:.4}, log-loss {log_loss:.4}"),
+        Answer::Join { count, sum } => println!("exact: join COUNT {count}, SUM {sum:.2}"),
+    }
+    match &report.comparison {
+        None => {}
+        Some(Comparison::PerKey {
+            output_records,
+            output_keys,
+            l1_error,
+            max_error,
+            worst_key,
+            missing_keys,
+            unexpected_keys,
+        }) => {
+            println!(
+                "output: {output_records} records, {output_keys} keys; L1 error {l1_error}, largest error {max_error}{}",
+                worst_key.as_ref().map(|k| format!(" ({k})")).unwrap_or_default()
+            );
+            if !missing_keys.is_empty() || !unexpected_keys.is_empty() {
+                println!("missing keys (first ones): {missing_keys:?}; unexpected: {unexpected_keys:?}");
+            }
+        }
+        Some(Comparison::HeavyHitters {
+            reported,
+            precision,
+            recall,
+            f1,
+            worst_relative_error,
+        }) => println!(
+            "output: {reported} flows reported; precision {precision:.3}, recall {recall:.3}, F1 {f1:.3}, \
+             worst relative estimate error {worst_relative_error:.4}"
+        ),
+        Some(Comparison::Matches {
+            output_lines,
+            difference,
+        }) => println!("output: {output_lines} lines ({difference:+} against the exact matches)"),
+        Some(Comparison::Predictions { output_items, accuracy }) => {
+            println!("output: {output_items} predictions, accuracy {accuracy:.4}")
+        }
+        Some(Comparison::Join {
+            count_relative_error,
+            sum_relative_error,
+            output_records,
+        }) => match (count_relative_error, sum_relative_error) {
+            (Some(count), Some(sum)) => {
+                println!("output: {output_records} estimates; latest COUNT relative error {count:.4}, SUM {sum:.4}")
+            }
+            _ => println!(
+                "output: {output_records} estimates, one stream per input partition: the tasks' estimates \
+                 are not combined"
+            ),
+        },
+    }
     Ok(())
 }
 

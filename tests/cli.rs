@@ -49,8 +49,11 @@ fn check_refuses_a_bad_config_naming_the_key_and_the_reason() {
         ),
         (good.replace("theta = 10000.0", "theta = -5.0"), "theta"),
         (
-            good.replace("format = \"text\"", "format = \"json\""),
-            "pipeline.format",
+            good.replace(
+                "format = \"text\"",
+                "format = \"avro\"\navro = { input_schema = \"no-such.avsc\" }",
+            ),
+            "pipeline.avro.input_schema",
         ),
     ] {
         let path = dir.join("broken.toml");

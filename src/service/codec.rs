@@ -73,6 +73,19 @@ pub trait ServiceOperator: Operator + Sized {
         Err("this operator does not read text".into())
     }
 
+    /// The Kafka key a producer gives an input record, so that the records a
+    /// task must see together share a partition.
+    fn input_key(record: &Self::Record<'_>) -> Option<Vec<u8>> {
+        let _ = record;
+        None
+    }
+
+    /// The input record in text format, for operators that read text.
+    fn input_text(record: &Self::Record<'_>) -> Option<Vec<u8>> {
+        let _ = record;
+        None
+    }
+
     /// The output as a record.
     fn to_record(output: &Self::Output) -> Self::OutputRecord<'_>;
 
@@ -148,6 +161,24 @@ impl Codec {
             Codec::Avro(avro) => avro.write(&O::to_record(output), value)?,
         }
         Ok(keyed)
+    }
+
+    /// An output record's fields as JSON (for comparing outputs with the
+    /// exact answer). Text outputs have their `key`, their text as `line` and,
+    /// when it is a number, as `value`.
+    pub fn output_fields<O: ServiceOperator>(
+        &self,
+        key: Option<&str>,
+        value: &[u8],
+    ) -> Result<serde_json::Value, String> {
+        match self {
+            Codec::Text => {
+                let text = utf8(value)?;
+                Ok(serde_json::json!({ "key": key, "line": text, "value": text.trim().parse::<f64>().ok() }))
+            }
+            Codec::Json => serde_json::from_slice(value).map_err(|e| format!("JSON: {e}")),
+            Codec::Avro(avro) => serde_json::Value::try_from(avro.read_output(value)?).map_err(|e| e.to_string()),
+        }
     }
 
     /// Encodes an input record (what `afstream produce` writes); text takes the
@@ -234,6 +265,23 @@ impl AvroCodec {
             ));
         }
         Ok(value)
+    }
+
+    /// Reads one output datum as written by [`AvroCodec::write`].
+    pub fn read_output(&self, bytes: &[u8]) -> Result<Value, String> {
+        let mut body = match self.output_schema_id {
+            None => bytes,
+            Some(expected) => match confluent_header(bytes)? {
+                (id, body) if id == expected => body,
+                (id, _) => return Err(format!("output written with schema id {id}, not {expected}")),
+            },
+        };
+        let value = apache_avro::from_avro_datum(&self.output, &mut body, None)
+            .map_err(|e| format!("not an Avro {}: {e}", schema_name(&self.output)))?;
+        match body.len() {
+            0 => Ok(value),
+            left => Err(format!("{left} bytes left after an Avro {}", schema_name(&self.output))),
+        }
     }
 
     /// Writes one output datum (after Confluent's header when configured).
@@ -414,6 +462,10 @@ impl ServiceOperator for WordCount {
         Ok(())
     }
 
+    fn input_text(record: &TextLineRecord<'_>) -> Option<Vec<u8>> {
+        Some(record.line.as_bytes().to_vec())
+    }
+
     fn to_record(update: &KeyUpdate) -> KeyedValueRecord<'_> {
         key_update_record(update)
     }
@@ -479,6 +531,14 @@ impl ServiceOperator for KeyedAggregation {
         Ok(())
     }
 
+    fn input_key(record: &KeyedValueRecord<'_>) -> Option<Vec<u8>> {
+        Some(record.key.as_bytes().to_vec())
+    }
+
+    fn input_text(record: &KeyedValueRecord<'_>) -> Option<Vec<u8>> {
+        Some(record.value.to_string().into_bytes())
+    }
+
     fn to_record(update: &KeyUpdate) -> KeyedValueRecord<'_> {
         key_update_record(update)
     }
@@ -517,6 +577,11 @@ impl ServiceOperator for HeavyHitters {
         packet.flow.clear();
         packet.flow.extend_from_slice(record.flow.as_bytes());
         Ok(())
+    }
+
+    /// A flow's packets share a partition, so one task sees all its bytes.
+    fn input_key(record: &FlowPacketRecord<'_>) -> Option<Vec<u8>> {
+        Some(record.flow.as_bytes().to_vec())
     }
 
     fn to_record(hitter: &HeavyHitter) -> HeavyHitterRecord<'_> {
@@ -558,6 +623,10 @@ impl ServiceOperator for Grep {
         line.clear();
         line.push_str(utf8(value)?);
         Ok(())
+    }
+
+    fn input_text(record: &TextLineRecord<'_>) -> Option<Vec<u8>> {
+        Some(record.line.as_bytes().to_vec())
     }
 
     fn to_record(line: &String) -> TextLineRecord<'_> {
@@ -647,6 +716,12 @@ impl ServiceOperator for OnlineJoin {
         tuple.key = record.key as u64;
         tuple.value = record.value;
         Ok(())
+    }
+
+    /// Both sides of a key share a partition, so the tasks' joins are
+    /// disjoint and their estimates add up.
+    fn input_key(record: &JoinTupleRecord<'_>) -> Option<Vec<u8>> {
+        Some(record.key.to_string().into_bytes())
     }
 
     fn to_record(estimate: &JoinEstimate) -> JoinEstimateRecord {

@@ -60,7 +60,7 @@ fn default_replication() -> i32 {
 }
 
 /// How input and output values are written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Format {
     /// A UTF-8 text line (with the record's key, for keyed operators).
@@ -73,7 +73,7 @@ pub enum Format {
 }
 
 /// How Avro values are framed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Framing {
     /// Confluent's wire format: a zero magic byte and a 4-byte big-endian

@@ -223,7 +223,7 @@ pub fn run_demo(options: &DemoOptions, out: &mut dyn Write) -> Result<(), Servic
     let group = format!("afstream-demo-{stamp}");
     let (input, output) = (format!("{group}-packets"), format!("{group}-heavy-hitters"));
 
-    let records = packet_records(options.packets, options.seed);
+    let records = packet_records(options.packets, options.seed).map_err(ServiceError::Demo)?;
     let mut flow_bytes: HashMap<Vec<u8>, f64> = HashMap::new();
     for record in &records {
         let mut packet = HeavyHitters::empty_input();

@@ -3,10 +3,11 @@
 //! * [`check`]: `afstream check`, what a config runs with, without connecting;
 //! * [`config`]: the TOML config file;
 //! * [`demo`]: `afstream demo`, the whole story on a real broker;
-//! * [`codec`]: records to operator inputs, outputs to records;
+//! * [`codec`]: records to operator inputs, outputs to records (text, JSON, Avro);
+//! * [`exact`]: `afstream exact`, the exact answer from the input topic, and the output against it;
 //! * [`kafka`]: clients, topics, changelog reading, delivery reports;
 //! * [`metrics`]: the Prometheus exporter and each task's metrics;
-//! * [`produce`]: seeded workloads into an input topic;
+//! * [`produce`]: synthetic workloads or files into an input topic;
 //! * [`runner`]: the consumer group and one core `TaskDriver` per partition;
 //! * [`state`]: the local state directory and its lock;
 //! * [`store`]: a task's local RocksDB store.
@@ -15,6 +16,7 @@ pub mod check;
 pub mod codec;
 pub mod config;
 pub mod demo;
+pub mod exact;
 pub mod kafka;
 pub mod metrics;
 pub mod produce;

@@ -1,0 +1,519 @@
+//! `afstream exact`: the exact answer of a pipeline's workload, computed from
+//! its input topic as it is now, and how far the pipeline's output topic is
+//! from it.
+//!
+//! The input is read with the pipeline's own codec and operator, so records
+//! the pipeline refuses (dead letters) are left out here too. Per-key outputs
+//! (WordCount, keyed aggregation) compare the latest output of each key with
+//! its exact value: exact when every key's records share one input partition
+//! (keyed input, as `afstream produce` writes it), since each task counts its
+//! own partition.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::Serialize;
+use serde_json::Value as Json;
+
+use super::codec::{Codec, ServiceOperator};
+use super::config::Config;
+use super::kafka::{partition_count, KafkaSetupError, TopicReader};
+use super::ServiceError;
+use crate::core::Operator;
+use crate::operators::heavy_hitters::detection_accuracy;
+use crate::operators::online_join::{exact_join, relative_error};
+use crate::operators::{
+    Grep, HeavyHitters, HitterThreshold, KeyedAggregation, OnlineJoin, OnlineLogisticRegression, WordCount,
+};
+
+/// Keys listed by name when some are missing or unexpected.
+const KEYS_LISTED: usize = 10;
+
+/// The exact answer, and the pipeline's output against it when asked.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExactReport {
+    pub kind: &'static str,
+    pub input_topic: String,
+    pub input_records: u64,
+    /// Records that do not decode, or that the operator refuses: not counted.
+    pub refused_records: u64,
+    pub answer: Answer,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comparison: Option<Comparison>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Answer {
+    /// WordCount's counts, keyed aggregation's aggregates.
+    PerKey {
+        keys: usize,
+        total: f64,
+        values: BTreeMap<String, f64>,
+    },
+    /// Every flow's exact bytes; the heavy hitters are those at or over the threshold.
+    HeavyHitters {
+        total_bytes: f64,
+        threshold_bytes: f64,
+        hitters: BTreeMap<String, f64>,
+    },
+    /// The lines grep passes.
+    Matches { lines: u64 },
+    /// A failure-free run, one model per input partition as the tasks train.
+    Predictions { items: u64, accuracy: f64, log_loss: f64 },
+    /// The join's exact COUNT and SUM.
+    Join { count: f64, sum: f64 },
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Comparison {
+    PerKey {
+        output_records: u64,
+        output_keys: usize,
+        /// Σ |latest output − exact| over every key of either side.
+        l1_error: f64,
+        max_error: f64,
+        worst_key: Option<String>,
+        missing_keys: Vec<String>,
+        unexpected_keys: Vec<String>,
+    },
+    HeavyHitters {
+        reported: usize,
+        precision: f64,
+        recall: f64,
+        f1: f64,
+        /// The largest |estimate − exact bytes| / exact bytes of a reported flow.
+        worst_relative_error: f64,
+    },
+    Matches {
+        output_lines: u64,
+        /// Output lines minus exact matches (positive: duplicates from replays).
+        difference: i64,
+    },
+    Predictions {
+        output_items: u64,
+        accuracy: f64,
+    },
+    Join {
+        /// The latest estimate, with one input partition (each task estimates its own).
+        count_relative_error: Option<f64>,
+        sum_relative_error: Option<f64>,
+        output_records: u64,
+    },
+}
+
+/// Reads the pipeline's input topic (and with `compare`, its output topic).
+pub fn exact(config: &Config, compare: bool) -> Result<ExactReport, ServiceError> {
+    crate::with_operator!(&config.pipeline.operator, |O, c| {
+        let built = O::build(c, None)?;
+        answer::<O>(config, built, compare)
+    })
+}
+
+fn answer<O: ServiceOperator + Answering>(
+    config: &Config,
+    operator: O,
+    compare: bool,
+) -> Result<ExactReport, ServiceError> {
+    let pipeline = &config.pipeline;
+    let codec = Codec::new::<O>(pipeline).map_err(ServiceError::Unsupported)?;
+    let reader = TopicReader::new(&config.kafka, "exact")?;
+    let partitions = partition_count(&config.kafka, &pipeline.input_topic)?
+        .ok_or_else(|| KafkaSetupError::MissingTopic(pipeline.input_topic.clone()))?;
+    let mut state = O::start(operator, partitions);
+    let mut input = O::empty_input();
+    let mut outputs = Vec::new();
+    let (mut records, mut refused) = (0u64, 0u64);
+    for partition in 0..partitions as i32 {
+        reader
+            .read_all(&pipeline.input_topic, partition, |message| {
+                records += 1;
+                let value = rdkafka::Message::payload(message).unwrap_or_default();
+                if codec
+                    .decode::<O>(rdkafka::Message::key(message), value, &mut input)
+                    .is_err()
+                {
+                    refused += 1;
+                    return;
+                }
+                outputs.clear();
+                if !state.take(partition, &input, &mut outputs) {
+                    refused += 1;
+                }
+            })
+            .map_err(|e| ServiceError::Unsupported(format!("reading {}: {e}", pipeline.input_topic)))?;
+    }
+    let answer = state.answer(config);
+    let comparison = if compare {
+        let outputs = read_outputs::<O>(config, &codec, &reader)?;
+        Some(O::compare(&answer, &outputs, partitions))
+    } else {
+        None
+    };
+    Ok(ExactReport {
+        kind: pipeline.operator.kind(),
+        input_topic: pipeline.input_topic.clone(),
+        input_records: records,
+        refused_records: refused,
+        answer,
+        comparison,
+    })
+}
+
+/// An output record: its key, and its fields as JSON.
+pub struct OutputFields {
+    pub key: Option<String>,
+    pub fields: Json,
+}
+
+fn read_outputs<O: ServiceOperator>(
+    config: &Config,
+    codec: &Codec,
+    reader: &TopicReader,
+) -> Result<Vec<OutputFields>, ServiceError> {
+    let topic = &config.pipeline.output_topic;
+    let partitions =
+        partition_count(&config.kafka, topic)?.ok_or_else(|| KafkaSetupError::MissingTopic(topic.clone()))?;
+    let mut outputs = Vec::new();
+    let mut bad = None;
+    for partition in 0..partitions as i32 {
+        reader
+            .read_all(topic, partition, |message| {
+                let key = rdkafka::Message::key(message).map(|k| String::from_utf8_lossy(k).into_owned());
+                let value = rdkafka::Message::payload(message).unwrap_or_default();
+                match codec.output_fields::<O>(key.as_deref(), value) {
+                    Ok(fields) => outputs.push(OutputFields { key, fields }),
+                    Err(e) => {
+                        bad.get_or_insert_with(|| format!("{topic} partition {partition}: {e}"));
+                    }
+                }
+            })
+            .map_err(|e| ServiceError::Unsupported(format!("reading {topic}: {e}")))?;
+    }
+    match bad {
+        Some(reason) => Err(ServiceError::Unsupported(format!(
+            "an output record does not decode: {reason}"
+        ))),
+        None => Ok(outputs),
+    }
+}
+
+fn number(fields: &Json, name: &str) -> f64 {
+    fields.get(name).and_then(Json::as_f64).unwrap_or(f64::NAN)
+}
+
+/// How an operator's exact answer is computed and compared.
+pub trait Answering: Operator + Sized {
+    type State: ExactState<Self>;
+    fn start(operator: Self, partitions: usize) -> Self::State;
+    fn compare(answer: &Answer, outputs: &[OutputFields], partitions: usize) -> Comparison;
+}
+
+pub trait ExactState<O: Operator> {
+    /// Takes one input of `partition`; false if the operator refuses it.
+    fn take(&mut self, partition: i32, input: &O::Input, outputs: &mut Vec<O::Output>) -> bool;
+    fn answer(self, config: &Config) -> Answer;
+}
+
+/// One operator over all the input (per-key state is the same however the
+/// keys are split into tasks).
+pub struct Whole<O>(O);
+
+impl<O: Operator> Whole<O> {
+    fn take(&mut self, input: &O::Input, outputs: &mut Vec<O::Output>) -> bool {
+        self.0.process(input, outputs).is_ok()
+    }
+}
+
+fn per_key(values: BTreeMap<String, f64>) -> Answer {
+    Answer::PerKey {
+        keys: values.len(),
+        total: values.values().sum(),
+        values,
+    }
+}
+
+fn compare_per_key(answer: &Answer, outputs: &[OutputFields]) -> Comparison {
+    let empty = BTreeMap::new();
+    let exact = match answer {
+        Answer::PerKey { values, .. } => values,
+        _ => &empty,
+    };
+    let mut latest: BTreeMap<&str, f64> = BTreeMap::new();
+    for output in outputs {
+        if let Some(key) = &output.key {
+            latest.insert(key, number(&output.fields, "value"));
+        }
+    }
+    let (mut l1, mut max_error, mut worst_key) = (0.0, 0.0, None);
+    let mut missing = Vec::new();
+    for (key, &value) in exact {
+        let error = (latest.get(key.as_str()).copied().unwrap_or(0.0) - value).abs();
+        if !latest.contains_key(key.as_str()) && missing.len() < KEYS_LISTED {
+            missing.push(key.clone());
+        }
+        l1 += error;
+        if error > max_error {
+            (max_error, worst_key) = (error, Some(key.clone()));
+        }
+    }
+    let mut unexpected = Vec::new();
+    for (key, value) in &latest {
+        if !exact.contains_key(*key) {
+            l1 += value.abs();
+            if unexpected.len() < KEYS_LISTED {
+                unexpected.push((*key).to_string());
+            }
+        }
+    }
+    Comparison::PerKey {
+        output_records: outputs.len() as u64,
+        output_keys: latest.len(),
+        l1_error: l1,
+        max_error,
+        worst_key,
+        missing_keys: missing,
+        unexpected_keys: unexpected,
+    }
+}
+
+impl ExactState<WordCount> for Whole<WordCount> {
+    fn take(&mut self, _: i32, input: &String, outputs: &mut Vec<<WordCount as Operator>::Output>) -> bool {
+        Whole::take(self, input, outputs)
+    }
+
+    fn answer(self, _: &Config) -> Answer {
+        per_key(self.0.iter().map(|(word, count)| (word.clone(), count)).collect())
+    }
+}
+
+impl Answering for WordCount {
+    type State = Whole<WordCount>;
+    fn start(operator: Self, _: usize) -> Self::State {
+        Whole(operator)
+    }
+    fn compare(answer: &Answer, outputs: &[OutputFields], _: usize) -> Comparison {
+        compare_per_key(answer, outputs)
+    }
+}
+
+impl ExactState<KeyedAggregation> for Whole<KeyedAggregation> {
+    fn take(
+        &mut self,
+        _: i32,
+        input: &<KeyedAggregation as Operator>::Input,
+        outputs: &mut Vec<<KeyedAggregation as Operator>::Output>,
+    ) -> bool {
+        Whole::take(self, input, outputs)
+    }
+
+    fn answer(self, _: &Config) -> Answer {
+        per_key(
+            self.0
+                .iter()
+                .map(|(key, value)| (String::from_utf8_lossy(key).into_owned(), value))
+                .collect(),
+        )
+    }
+}
+
+impl Answering for KeyedAggregation {
+    type State = Whole<KeyedAggregation>;
+    fn start(operator: Self, _: usize) -> Self::State {
+        Whole(operator)
+    }
+    fn compare(answer: &Answer, outputs: &[OutputFields], _: usize) -> Comparison {
+        compare_per_key(answer, outputs)
+    }
+}
+
+/// Exact bytes per flow; the sketch only decides which packets it refuses.
+pub struct FlowBytes {
+    sketch: HeavyHitters,
+    flows: BTreeMap<String, f64>,
+}
+
+impl ExactState<HeavyHitters> for FlowBytes {
+    fn take(
+        &mut self,
+        _: i32,
+        packet: &<HeavyHitters as Operator>::Input,
+        outputs: &mut Vec<<HeavyHitters as Operator>::Output>,
+    ) -> bool {
+        if self.sketch.process(packet, outputs).is_err() {
+            return false;
+        }
+        *self
+            .flows
+            .entry(String::from_utf8_lossy(&packet.flow).into_owned())
+            .or_default() += packet.bytes as f64;
+        true
+    }
+
+    fn answer(self, _: &Config) -> Answer {
+        let total_bytes: f64 = self.flows.values().sum();
+        let threshold_bytes = match self.sketch.config().threshold {
+            HitterThreshold::Bytes(bytes) => bytes,
+            HitterThreshold::Fraction(fraction) => fraction * total_bytes,
+        };
+        Answer::HeavyHitters {
+            total_bytes,
+            threshold_bytes,
+            hitters: self
+                .flows
+                .into_iter()
+                .filter(|(_, bytes)| *bytes >= threshold_bytes)
+                .collect(),
+        }
+    }
+}
+
+impl Answering for HeavyHitters {
+    type State = FlowBytes;
+    fn start(sketch: Self, _: usize) -> FlowBytes {
+        FlowBytes {
+            sketch,
+            flows: BTreeMap::new(),
+        }
+    }
+
+    fn compare(answer: &Answer, outputs: &[OutputFields], _: usize) -> Comparison {
+        let empty = BTreeMap::new();
+        let truth = match answer {
+            Answer::HeavyHitters { hitters, .. } => hitters,
+            _ => &empty,
+        };
+        let mut worst: f64 = 0.0;
+        let mut reported = HashSet::new();
+        for output in outputs {
+            let Some(flow) = &output.key else { continue };
+            reported.insert(flow.clone());
+            if let Some(exact) = truth.get(flow) {
+                worst = worst.max((number(&output.fields, "estimate") - exact).abs() / exact);
+            }
+        }
+        let truth: HashSet<String> = truth.keys().cloned().collect();
+        let accuracy = detection_accuracy(&reported, &truth);
+        Comparison::HeavyHitters {
+            reported: reported.len(),
+            precision: accuracy.precision,
+            recall: accuracy.recall,
+            f1: accuracy.f1,
+            worst_relative_error: worst,
+        }
+    }
+}
+
+pub struct Matches(Grep, u64);
+
+impl ExactState<Grep> for Matches {
+    fn take(&mut self, _: i32, line: &String, outputs: &mut Vec<String>) -> bool {
+        let ok = self.0.process(line, outputs).is_ok();
+        self.1 += outputs.len() as u64;
+        ok
+    }
+
+    fn answer(self, _: &Config) -> Answer {
+        Answer::Matches { lines: self.1 }
+    }
+}
+
+impl Answering for Grep {
+    type State = Matches;
+    fn start(grep: Self, _: usize) -> Matches {
+        Matches(grep, 0)
+    }
+    fn compare(answer: &Answer, outputs: &[OutputFields], _: usize) -> Comparison {
+        let lines = match answer {
+            Answer::Matches { lines } => *lines,
+            _ => 0,
+        };
+        Comparison::Matches {
+            output_lines: outputs.len() as u64,
+            difference: outputs.len() as i64 - lines as i64,
+        }
+    }
+}
+
+/// One model per partition, as the tasks train.
+pub struct Models(Vec<OnlineLogisticRegression>);
+
+impl ExactState<OnlineLogisticRegression> for Models {
+    fn take(
+        &mut self,
+        partition: i32,
+        input: &<OnlineLogisticRegression as Operator>::Input,
+        outputs: &mut Vec<<OnlineLogisticRegression as Operator>::Output>,
+    ) -> bool {
+        self.0
+            .get_mut(partition as usize)
+            .is_some_and(|model| model.process(input, outputs).is_ok())
+    }
+
+    fn answer(self, _: &Config) -> Answer {
+        let items: u64 = self.0.iter().map(OnlineLogisticRegression::steps).sum();
+        let weighted = |f: fn(&OnlineLogisticRegression) -> f64| {
+            self.0.iter().map(|m| f(m) * m.steps() as f64).sum::<f64>() / (items.max(1) as f64)
+        };
+        Answer::Predictions {
+            items,
+            accuracy: weighted(OnlineLogisticRegression::accuracy),
+            log_loss: weighted(OnlineLogisticRegression::log_loss),
+        }
+    }
+}
+
+impl Answering for OnlineLogisticRegression {
+    type State = Models;
+    fn start(model: Self, partitions: usize) -> Models {
+        Models(vec![model; partitions])
+    }
+    fn compare(_: &Answer, outputs: &[OutputFields], _: usize) -> Comparison {
+        let correct = outputs
+            .iter()
+            .filter(|o| o.fields.get("correct").and_then(Json::as_bool) == Some(true))
+            .count();
+        Comparison::Predictions {
+            output_items: outputs.len() as u64,
+            accuracy: correct as f64 / outputs.len().max(1) as f64,
+        }
+    }
+}
+
+pub struct Tuples(Vec<<OnlineJoin as Operator>::Input>);
+
+impl ExactState<OnlineJoin> for Tuples {
+    fn take(
+        &mut self,
+        _: i32,
+        tuple: &<OnlineJoin as Operator>::Input,
+        _: &mut Vec<<OnlineJoin as Operator>::Output>,
+    ) -> bool {
+        self.0.push(tuple.clone());
+        true
+    }
+
+    fn answer(self, _: &Config) -> Answer {
+        let (count, sum) = exact_join(&self.0);
+        Answer::Join { count, sum }
+    }
+}
+
+impl Answering for OnlineJoin {
+    type State = Tuples;
+    fn start(_: Self, _: usize) -> Tuples {
+        Tuples(Vec::new())
+    }
+    fn compare(answer: &Answer, outputs: &[OutputFields], partitions: usize) -> Comparison {
+        let (count, sum) = match answer {
+            Answer::Join { count, sum } => (*count, *sum),
+            _ => (f64::NAN, f64::NAN),
+        };
+        let latest = outputs.last().filter(|_| partitions == 1);
+        Comparison::Join {
+            count_relative_error: latest.map(|o| relative_error(number(&o.fields, "count"), count)),
+            sum_relative_error: latest.map(|o| relative_error(number(&o.fields, "sum"), sum)),
+            output_records: outputs.len() as u64,
+        }
+    }
+}
