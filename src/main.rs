@@ -89,6 +89,9 @@ struct RunArgs {
     /// it was assigned.
     #[arg(long)]
     stop_at_end: bool,
+    /// Run only this pipeline of a file of several (default: all of them).
+    #[arg(long)]
+    pipeline: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -99,6 +102,9 @@ struct CheckArgs {
     /// Partitions of the input topic: the thresholds are split over one task each.
     #[arg(long, default_value_t = 1)]
     partitions: usize,
+    /// Check only this pipeline of a file of several (default: all of them).
+    #[arg(long)]
+    pipeline: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -112,6 +118,9 @@ struct ExactArgs {
     /// Print the report as JSON (with every key's exact value).
     #[arg(long)]
     json: bool,
+    /// The pipeline, in a file of several.
+    #[arg(long)]
+    pipeline: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -247,7 +256,10 @@ fn run_service(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
 
-    let config = service::config::load(&args.config, &|key| std::env::var(key).ok()).map_err(|e| e.to_string())?;
+    let configs = match &args.pipeline {
+        Some(name) => vec![service::config::load_named(&args.config, &env, Some(name))?],
+        None => service::config::load_all(&args.config, &env)?,
+    };
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, Arc::clone(&stop))
@@ -256,16 +268,32 @@ fn run_service(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     let options = service::RunOptions {
         stop_at_end: args.stop_at_end,
     };
-    service::run(&config, &stop, options)?;
+    service::run_all(&configs, &stop, options)?;
     Ok(())
 }
 
+fn env(key: &str) -> Option<String> {
+    std::env::var(key).ok()
+}
+
 fn check(args: &CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let config = service::config::load(&args.config, &|key| std::env::var(key).ok()).map_err(|e| e.to_string())?;
-    let report = service::check::report(&config, args.partitions)
-        .map_err(|e| format!("config {}: {e}", args.config.display()))?;
+    let configs = match &args.pipeline {
+        Some(name) => vec![service::config::load_named(&args.config, &env, Some(name))?],
+        None => service::config::load_all(&args.config, &env)?,
+    };
+    let mut reports = String::new();
+    for config in &configs {
+        let report = service::check::report(config, args.partitions).map_err(|e| match &config.name {
+            Some(name) => format!("config {}: pipeline {name}: {e}", args.config.display()),
+            None => format!("config {}: {e}", args.config.display()),
+        })?;
+        if let Some(name) = &config.name {
+            reports.push_str(&format!("\n[pipelines.{name}]\n"));
+        }
+        reports.push_str(&report);
+    }
     println!("config {}: valid", args.config.display());
-    print!("{report}");
+    print!("{reports}");
     Ok(())
 }
 
@@ -341,7 +369,7 @@ fn produce(args: &ProduceArgs) -> Result<(), Box<dyn std::error::Error>> {
 
 fn exact(args: &ExactArgs) -> Result<(), Box<dyn std::error::Error>> {
     use service::exact::{Answer, Comparison};
-    let config = service::config::load(&args.config, &|key| std::env::var(key).ok()).map_err(|e| e.to_string())?;
+    let config = service::config::load_named(&args.config, &env, args.pipeline.as_deref())?;
     let report = service::exact::exact(&config, args.compare)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -23,14 +23,30 @@ pub enum ConfigError {
     Invalid { path: PathBuf, message: String },
 }
 
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// One pipeline with its Kafka connection: what `run`, `check` and `exact`
+/// work on. A file holds one (`[pipeline]`) or several (`[pipelines.NAME]`).
+#[derive(Clone, Debug)]
 pub struct Config {
+    /// The pipeline's name in a file of several.
+    pub name: Option<String>,
+    /// The connection, with the pipeline's own consumer group.
     pub kafka: KafkaConfig,
     pub pipeline: PipelineConfig,
     /// Prometheus metrics; none unless configured.
-    #[serde(default)]
     pub metrics: Option<MetricsConfig>,
+}
+
+/// A config file as written.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    kafka: KafkaConfig,
+    #[serde(default)]
+    pipeline: Option<PipelineConfig>,
+    #[serde(default)]
+    pipelines: BTreeMap<String, PipelineConfig>,
+    #[serde(default)]
+    metrics: Option<MetricsConfig>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -44,7 +60,10 @@ pub struct MetricsConfig {
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {
     pub bootstrap_servers: String,
-    /// The consumer group; also the prefix of the changelog topic's default name.
+    /// The consumer group; also the prefix of the changelog topic's default
+    /// name. In a file of several pipelines, each one's group is
+    /// `<group_id>-<name>` unless it sets `group_id` itself.
+    #[serde(default)]
     pub group_id: String,
     /// librdkafka properties, passed as they are to every client (after
     /// afstream's own defaults, so they win).
@@ -112,6 +131,9 @@ pub struct AvroConfig {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineConfig {
+    /// The pipeline's consumer group, instead of the one `kafka.group_id` gives.
+    #[serde(default)]
+    pub group_id: Option<String>,
     pub input_topic: String,
     /// Created when missing, with as many partitions as the input.
     pub output_topic: String,
@@ -323,29 +345,129 @@ impl FaultToleranceConfig {
     }
 }
 
-/// Reads and checks a config file; `env` looks up environment variables.
+/// Reads and checks a config file of one pipeline (or of several, with
+/// `name` picking one); `env` looks up environment variables.
 pub fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+    load_named(path, env, None)
+}
+
+/// Reads a config file and picks its pipeline `name` (needed when the file has
+/// several).
+pub fn load_named(
+    path: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+    name: Option<&str>,
+) -> Result<Config, ConfigError> {
+    let invalid = |message| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        message,
+    };
+    let mut all = load_all(path, env)?;
+    match name {
+        Some(name) => match all.iter().position(|c| c.name.as_deref() == Some(name)) {
+            Some(at) => Ok(all.swap_remove(at)),
+            None => Err(invalid(format!("no pipeline named {name:?} (it has: {})", names(&all)))),
+        },
+        None if all.len() == 1 => Ok(all.remove(0)),
+        None => Err(invalid(format!(
+            "it has {} pipelines ({}): name one with --pipeline",
+            all.len(),
+            names(&all)
+        ))),
+    }
+}
+
+fn names(configs: &[Config]) -> String {
+    let names: Vec<&str> = configs
+        .iter()
+        .map(|c| c.name.as_deref().unwrap_or("pipeline"))
+        .collect();
+    names.join(", ")
+}
+
+/// Reads and checks a config file: every pipeline it holds.
+pub fn load_all(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Config>, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    parse(&text, env).map_err(|message| ConfigError::Invalid {
+    parse_all(&text, env).map_err(|message| ConfigError::Invalid {
         path: path.to_path_buf(),
         message,
     })
 }
 
-/// Parses and checks config text.
+/// Parses and checks config text of one pipeline.
 pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, String> {
-    let mut config: Config = toml::from_str(text).map_err(|e| e.to_string())?;
+    let mut all = parse_all(text, env)?;
+    match all.len() {
+        1 => Ok(all.remove(0)),
+        n => Err(format!("it has {n} pipelines ({}): name one", names(&all))),
+    }
+}
+
+/// Parses and checks config text: every pipeline, each with its own group.
+pub fn parse_all(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Config>, String> {
+    let mut file: ConfigFile = toml::from_str(text).map_err(|e| e.to_string())?;
     if let Some(servers) = env(ENV_BOOTSTRAP_SERVERS).filter(|s| !s.trim().is_empty()) {
-        config.kafka.bootstrap_servers = servers;
+        file.kafka.bootstrap_servers = servers;
     }
     if let Some(address) = env(super::metrics::ENV_METRICS_ADDRESS).filter(|s| !s.trim().is_empty()) {
-        config.metrics = Some(MetricsConfig { address });
+        file.metrics = Some(MetricsConfig { address });
     }
-    validate(&config)?;
-    Ok(config)
+    let named: Vec<(Option<String>, PipelineConfig)> = match (file.pipeline, file.pipelines.is_empty()) {
+        (Some(_), false) => return Err("a file holds either [pipeline] or [pipelines.NAME] tables, not both".into()),
+        (None, true) => return Err("no pipeline: write a [pipeline] table (or [pipelines.NAME] tables)".into()),
+        (Some(pipeline), true) => vec![(None, pipeline)],
+        (None, false) => file.pipelines.into_iter().map(|(n, p)| (Some(n), p)).collect(),
+    };
+    let mut configs = Vec::with_capacity(named.len());
+    for (name, pipeline) in named {
+        let mut kafka = file.kafka.clone();
+        kafka.group_id = match (&name, &pipeline.group_id) {
+            (_, Some(group)) => group.clone(),
+            (Some(name), None) if !file.kafka.group_id.trim().is_empty() => format!("{}-{name}", file.kafka.group_id),
+            (Some(name), None) => {
+                return Err(format!(
+                    "`pipelines.{name}.group_id` or `kafka.group_id` (the prefix of every pipeline's group) must be set"
+                ))
+            }
+            (None, None) => file.kafka.group_id.clone(),
+        };
+        let config = Config {
+            name,
+            kafka,
+            pipeline,
+            metrics: file.metrics.clone(),
+        };
+        validate(&config).map_err(|message| match &config.name {
+            // The keys of a named pipeline are under pipelines.NAME.
+            Some(name) => message.replace("pipeline.", &format!("pipelines.{name}.")),
+            None => message,
+        })?;
+        configs.push(config);
+    }
+    for (i, config) in configs.iter().enumerate() {
+        for earlier in &configs[..i] {
+            if earlier.kafka.group_id == config.kafka.group_id {
+                return Err(format!(
+                    "pipelines {} and {} share the consumer group {}: each pipeline needs its own",
+                    names(std::slice::from_ref(earlier)),
+                    names(std::slice::from_ref(config)),
+                    config.kafka.group_id
+                ));
+            }
+            let changelog = config.pipeline.changelog_topic(&config.kafka.group_id);
+            if earlier.pipeline.changelog_topic(&earlier.kafka.group_id) == changelog {
+                return Err(format!(
+                    "pipelines {} and {} share the changelog topic {changelog}: each pipeline needs its own",
+                    names(std::slice::from_ref(earlier)),
+                    names(std::slice::from_ref(config)),
+                ));
+            }
+        }
+    }
+    Ok(configs)
 }
 
 fn validate(config: &Config) -> Result<(), String> {
@@ -549,6 +671,95 @@ max_unacked = 500
         assert!(parse(&unknown, &no_env).unwrap_err().contains("schema_registry"));
     }
 
+    const TWO: &str = r#"
+[kafka]
+bootstrap_servers = "127.0.0.1:9092"
+group_id = "analytics"
+
+[pipelines.counts]
+input_topic = "lines"
+output_topic = "counts"
+format = "text"
+operator = { kind = "word_count" }
+fault_tolerance = { mode = "approximate", theta = 1000.0, max_uncovered = 500, max_unacked = 500 }
+
+[pipelines.errors]
+group_id = "error-lines"
+input_topic = "lines"
+output_topic = "errors"
+format = "text"
+operator = { kind = "grep", pattern = "error" }
+fault_tolerance = { mode = "none", theta = 1.0, max_uncovered = 500, max_unacked = 500 }
+"#;
+
+    #[test]
+    fn a_file_of_several_pipelines_gives_each_its_own_group() {
+        let configs = parse_all(TWO, &no_env).expect("valid");
+        let groups: Vec<(&str, &str)> = configs
+            .iter()
+            .map(|c| (c.name.as_deref().unwrap_or(""), c.kafka.group_id.as_str()))
+            .collect();
+        assert_eq!(groups, [("counts", "analytics-counts"), ("errors", "error-lines")]);
+        assert_eq!(
+            configs[0].pipeline.changelog_topic(&configs[0].kafka.group_id),
+            "analytics-counts-changelog"
+        );
+        let error = parse(TWO, &no_env).unwrap_err();
+        assert!(error.contains("2 pipelines (counts, errors)"), "{error}");
+
+        let bad = TWO.replace("pattern = \"error\"", "pattern = \"(error\"");
+        let error = parse_all(&bad, &no_env).unwrap_err();
+        assert!(error.contains("`pipelines.errors.operator.pattern`"), "{error}");
+        let shared = TWO.replace("group_id = \"error-lines\"", "group_id = \"analytics-counts\"");
+        assert!(parse_all(&shared, &no_env)
+            .unwrap_err()
+            .contains("share the consumer group analytics-counts"));
+        let unnamed_group = TWO.replace("group_id = \"analytics\"", "");
+        assert!(parse_all(&unnamed_group, &no_env)
+            .unwrap_err()
+            .contains("pipelines.counts.group_id"));
+        let both = format!("{GOOD}\n{}", &TWO[TWO.find("[pipelines.counts]").expect("table")..]);
+        assert!(parse_all(&both, &no_env).unwrap_err().contains("not both"));
+        let none = "[kafka]\nbootstrap_servers = \"b:9092\"\ngroup_id = \"g\"\n";
+        assert!(parse_all(none, &no_env).unwrap_err().contains("no pipeline"));
+    }
+
+    #[test]
+    fn a_pipeline_of_a_file_is_picked_by_name() {
+        let dir = std::env::temp_dir().join(format!("afstream-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("two.toml");
+        std::fs::write(&path, TWO).expect("write");
+        let errors = load_named(&path, &no_env, Some("errors")).expect("named");
+        assert_eq!(errors.pipeline.output_topic, "errors");
+        let error = load_named(&path, &no_env, Some("nope")).unwrap_err().to_string();
+        assert!(
+            error.contains("no pipeline named \"nope\" (it has: counts, errors)"),
+            "{error}"
+        );
+        let error = load(&path, &no_env).unwrap_err().to_string();
+        assert!(error.contains("--pipeline") && error.contains("two.toml"), "{error}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn empty_names_and_impossible_replication_are_refused_by_key() {
+        let empty = GOOD.replace("input_topic = \"lines\"", "input_topic = \" \"");
+        assert!(parse(&empty, &no_env)
+            .unwrap_err()
+            .contains("`pipeline.input_topic` is empty"));
+        let group = GOOD.replace("group_id = \"wc\"", "group_id = \"\"");
+        assert!(parse(&group, &no_env)
+            .unwrap_err()
+            .contains("`kafka.group_id` is empty"));
+        let replicas = GOOD.replace("group_id = \"wc\"", "group_id = \"wc\"\nreplication_factor = 0");
+        assert!(parse(&replicas, &no_env)
+            .unwrap_err()
+            .contains("`kafka.replication_factor` = 0"));
+        let policy = GOOD.replace("max_unacked = 500", "max_unacked = 500\npolicy = \"sometimes\"");
+        assert!(parse(&policy, &no_env).unwrap_err().contains("sometimes"));
+    }
+
     #[test]
     fn the_shipped_configs_are_valid() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
@@ -556,7 +767,7 @@ max_unacked = 500
         for entry in std::fs::read_dir(&dir).expect("configs/") {
             let path = entry.expect("entry").path();
             if path.extension().is_some_and(|e| e == "toml") {
-                load(&path, &no_env).unwrap_or_else(|e| panic!("{e}"));
+                load_all(&path, &no_env).unwrap_or_else(|e| panic!("{e}"));
                 checked += 1;
             }
         }

@@ -57,6 +57,8 @@ pub enum ServiceError {
     Demo(String),
     #[error("metrics: {0}")]
     Metrics(String),
+    #[error("pipeline {name}: {source}")]
+    Pipeline { name: String, source: Box<ServiceError> },
     #[error("state directory {path}: {reason}")]
     State { path: std::path::PathBuf, reason: String },
 }
@@ -64,11 +66,76 @@ pub enum ServiceError {
 /// Runs the configured pipeline until `stop` is set (or its input ends, with
 /// `stop_at_end`).
 pub fn run(config: &Config, stop: &AtomicBool, options: RunOptions) -> Result<RunReport, ServiceError> {
+    serve_metrics(config)?;
+    run_one(config, stop, options)
+}
+
+fn serve_metrics(config: &Config) -> Result<(), ServiceError> {
     if let Some(metrics) = &config.metrics {
         let address = metrics::serve(&metrics.address)?;
         tracing::info!(%address, "serving Prometheus metrics at /metrics");
     }
+    Ok(())
+}
+
+fn run_one(config: &Config, stop: &AtomicBool, options: RunOptions) -> Result<RunReport, ServiceError> {
     crate::with_operator!(&config.pipeline.operator, |O, c| runner::run_pipeline::<O>(
         config, c, stop, options
     ))
+}
+
+/// Runs several pipelines of one file side by side, each in its own consumer
+/// group on a thread of its own, until `stop` is set (or each input ends, with
+/// `stop_at_end`). When one fails, the others stop cleanly and its error is
+/// returned, naming it.
+pub fn run_all(configs: &[Config], stop: &AtomicBool, options: RunOptions) -> Result<Vec<RunReport>, ServiceError> {
+    use std::sync::atomic::Ordering;
+    if let [config] = configs {
+        return Ok(vec![run(config, stop, options)?]);
+    }
+    if let Some(first) = configs.first() {
+        serve_metrics(first)?;
+    }
+    let stop_all = AtomicBool::new(false);
+    let results = std::thread::scope(|scope| {
+        let running: Vec<_> = configs
+            .iter()
+            .map(|config| {
+                let stop_all = &stop_all;
+                scope.spawn(move || {
+                    let result = run_one(config, stop_all, options);
+                    if result.is_err() {
+                        stop_all.store(true, Ordering::SeqCst);
+                    }
+                    result
+                })
+            })
+            .collect();
+        while !running.iter().all(|r| r.is_finished()) {
+            if stop.load(Ordering::SeqCst) {
+                stop_all.store(true, Ordering::SeqCst);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        running
+            .into_iter()
+            .map(|r| {
+                r.join()
+                    .unwrap_or_else(|_| Err(ServiceError::Unsupported("a pipeline's thread panicked".into())))
+            })
+            .collect::<Vec<_>>()
+    });
+    let mut reports = Vec::with_capacity(results.len());
+    for (config, result) in configs.iter().zip(results) {
+        match result {
+            Ok(report) => reports.push(report),
+            Err(source) => {
+                return Err(ServiceError::Pipeline {
+                    name: config.name.clone().unwrap_or_else(|| config.kafka.group_id.clone()),
+                    source: Box::new(source),
+                })
+            }
+        }
+    }
+    Ok(reports)
 }

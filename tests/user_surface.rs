@@ -1,6 +1,7 @@
 //! What users touch, on a real broker: `afstream produce` from a file as Avro
-//! in Confluent's wire format, a pipeline reading and writing it, and `afstream
-//! exact` computing the answer from the same topic.
+//! in Confluent's wire format, a pipeline reading and writing it, `afstream
+//! exact` computing the answer from the same topic, and a file of several
+//! pipelines.
 
 mod common;
 
@@ -190,6 +191,117 @@ fn a_csv_file_produced_as_confluent_avro_gives_the_exact_answer_through_the_pipe
     assert!(
         said.contains("bad.csv line 3") && said.contains("the 1 records before it were written"),
         "{said}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_file_of_two_pipelines_runs_both_on_one_input_each_in_its_own_group() {
+    let dir = test_dir("two-pipelines");
+    let broker = Broker::start(&dir);
+    let group = unique("text");
+    let input = format!("{group}-lines");
+    let lines: Vec<InputRecord> = (0..4_000)
+        .map(|i| InputRecord {
+            key: None,
+            value: if i % 7 == 0 {
+                format!("disk error on w{}", i % 13).into_bytes()
+            } else {
+                format!("w{} w{} w{}", i % 17, i % 29, i % 101).into_bytes()
+            },
+        })
+        .collect();
+    let errors = lines.iter().filter(|l| l.value.starts_with(b"disk error")).count();
+    produce(&broker.kafka(), &input, 1, &lines).expect("produce the lines");
+    let config = dir.join("text.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[kafka]
+bootstrap_servers = "{address}"
+group_id = "{group}"
+properties = {{ "consumer.fetch.wait.max.ms" = "10" }}
+
+[pipelines.counts]
+input_topic = "{input}"
+output_topic = "{group}-counts"
+format = "text"
+operator = {{ kind = "word_count", max_words_per_line = 10 }}
+fault_tolerance = {{ mode = "approximate", theta = 1000.0, max_uncovered = 200, max_unacked = 2000 }}
+
+[pipelines.errors]
+input_topic = "{input}"
+output_topic = "{group}-errors"
+format = "text"
+operator = {{ kind = "grep", pattern = "\\berror\\b" }}
+fault_tolerance = {{ mode = "approximate", theta = 1.0, max_uncovered = 200, max_unacked = 2000 }}
+"#,
+            address = broker.address
+        ),
+    )
+    .expect("write the config");
+    let mut service = Service::start(&config, &dir.join("run.log"), true);
+    let status = service.wait(RUN_DEADLINE, "both pipelines processing the input to its end");
+    assert!(
+        status.success(),
+        "afstream run failed; log:\n{}",
+        common::tail(&service.log)
+    );
+    let log = std::fs::read_to_string(&service.log).expect("the log");
+    for joined in [
+        format!("joined group {group}-counts"),
+        format!("joined group {group}-errors"),
+    ] {
+        assert!(
+            log.contains(&joined),
+            "{joined} not in the log:\n{}",
+            common::tail(&service.log)
+        );
+    }
+    let matched = broker.read_topic(&format!("{group}-errors"));
+    assert_eq!(matched.len(), errors);
+    assert!(matched.iter().all(|r| r.value.starts_with(b"disk error on w")));
+
+    let exact = |name: &str| -> serde_json::Value {
+        let out = afstream(&[
+            "exact",
+            "--config",
+            &config.to_string_lossy(),
+            "--pipeline",
+            name,
+            "--compare",
+            "--json",
+        ]);
+        assert!(out.status.success(), "exact {name} failed: {}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("a JSON report")
+    };
+    let counts = exact("counts");
+    assert_eq!(counts["comparison"]["l1_error"], 0.0, "{counts}");
+    assert_eq!(counts["answer"]["values"]["error"], errors as f64, "{counts}");
+    let grep = exact("errors");
+    assert_eq!(grep["answer"]["lines"], errors, "{grep}");
+    assert_eq!(grep["comparison"]["difference"], 0, "{grep}");
+
+    // One pipeline that cannot start (its input topic does not exist) stops
+    // the other cleanly, and the process exits naming it.
+    let broken = std::fs::read_to_string(&config).expect("the config").replace(
+        &format!("input_topic = \"{input}\"\noutput_topic = \"{group}-errors\""),
+        &format!("input_topic = \"{group}-missing\"\noutput_topic = \"{group}-errors\""),
+    );
+    let broken_config = dir.join("broken.toml");
+    std::fs::write(&broken_config, broken).expect("write the config");
+    let mut service = Service::start(&broken_config, &dir.join("broken.log"), false);
+    let status = service.wait(RUN_DEADLINE, "the process to exit after one pipeline failed");
+    assert!(
+        !status.success(),
+        "a pipeline failed and the process exited successfully"
+    );
+    let log = std::fs::read_to_string(&service.log).expect("the log");
+    assert!(
+        log.contains("pipeline errors:") && log.contains(&format!("{group}-missing")),
+        "the error names the pipeline and its topic:\n{}",
+        common::tail(&service.log)
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
