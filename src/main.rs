@@ -292,6 +292,7 @@ fn check(args: &CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         reports.push_str(&report);
     }
+    reports.push_str(&service::check::chain_reports(&configs, args.partitions)?);
     println!("config {}: valid", args.config.display());
     print!("{reports}");
     Ok(())

@@ -43,9 +43,17 @@ impl TaskPlan {
             .ok()
             .filter(|&n| n >= 1)
             .ok_or_else(|| ServiceError::Unsupported(format!("{partitions} input partitions")))?;
-        let placement = Placement {
-            parallelism,
-            ..Placement::default()
+        let placement = match &config.stage {
+            Some(stage) => Placement {
+                parallelism,
+                stage: stage.index,
+                stages: stage.stages,
+                stage_fanout: stage.fanout,
+            },
+            None => Placement {
+                parallelism,
+                ..Placement::default()
+            },
         };
         let constants = probe.constants();
         let norm = probe.norm();
@@ -162,6 +170,20 @@ pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError
                 .to_string()
         }
     );
+    if let Some(stage) = &config.stage {
+        let share = stage.fanout.powi((stage.stages - stage.index) as i32);
+        let _ = writeln!(
+            out,
+            "stage {} of {} of the chain {} (fan-out beta = {}): this stage's share of Theta is Theta/{} = {}, \
+             before the split over tasks and the halving",
+            stage.index,
+            stage.stages,
+            stage.chain.join(" -> "),
+            stage.fanout,
+            share,
+            trim(&format!("{:.6}", ft.theta / share))
+        );
+    }
     match ft.mode() {
         Mode::None => {
             let _ = writeln!(
@@ -212,6 +234,65 @@ pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError
     }
     if let Some(warning) = plan.warning() {
         let _ = writeln!(out, "warning: {warning}");
+    }
+    Ok(out)
+}
+
+/// The end-to-end bound of a chain on `partitions` partitions per stage, after
+/// any number of failures under halving: the last stage's state bound; for
+/// each earlier stage, its state bound amplified by β per later stage, and its
+/// lost or repeated outputs, each moving the last stage's state by at most its
+/// α (amplified by β per stage in between). Summed over tasks where the
+/// divergence adds up.
+pub fn chain_bound(stages: &[&Config], partitions: usize) -> Result<f64, ServiceError> {
+    let plans = stages
+        .iter()
+        .map(|config| plan(config, partitions))
+        .collect::<Result<Vec<_>, _>>()?;
+    let Some(last) = plans.last() else { return Ok(0.0) };
+    let tasks = |p: &TaskPlan| if p.norm.is_additive() { partitions as f64 } else { 1.0 };
+    let beta = stages.first().and_then(|c| c.stage.as_ref()).map_or(1.0, |s| s.fanout);
+    let m = plans.len();
+    let mut bound = tasks(last) * last.policy.limit(last.constants).state;
+    for (i, p) in plans[..m - 1].iter().enumerate() {
+        let limit = p.policy.limit(p.constants);
+        let later = (m - 1 - i) as i32;
+        bound +=
+            tasks(p) * (limit.state * beta.powi(later) + last.constants.alpha * limit.outputs * beta.powi(later - 1));
+    }
+    Ok(bound)
+}
+
+/// `chain_bound`, as `check` prints it after the stages' reports.
+pub fn chain_reports(configs: &[Config], partitions: usize) -> Result<String, ServiceError> {
+    let mut out = String::new();
+    for last in configs
+        .iter()
+        .filter(|c| c.stage.as_ref().is_some_and(|s| s.index == s.stages))
+    {
+        let Some(stage) = &last.stage else { continue };
+        let stages: Vec<&Config> = stage
+            .chain
+            .iter()
+            .filter_map(|name| configs.iter().find(|c| c.name.as_deref() == Some(name)))
+            .collect();
+        if stages.len() != stage.chain.len() {
+            continue; // Only some stages were picked (--pipeline).
+        }
+        let bound = chain_bound(&stages, partitions)?;
+        let ft = &last.pipeline.fault_tolerance;
+        let _ = writeln!(
+            out,
+            "\nchain {}: {} -> {}, Theta = {}, L = {}, Gamma = {} for the chain, on {partitions} partition(s) per \
+             stage: after any number of failures, the last stage's state is off by at most {} (halving)",
+            stage.chain.join(" -> "),
+            stages.first().map_or("", |c| c.pipeline.input_topic.as_str()),
+            last.pipeline.output_topic,
+            ft.theta,
+            ft.max_uncovered,
+            ft.max_unacked,
+            trim(&format!("{bound:.6}"))
+        );
     }
     Ok(out)
 }

@@ -22,7 +22,7 @@ use crate::operators::keyed_aggregation::{KeyUpdate, KeyedAggregation, KeyedAggr
 use crate::operators::logistic_regression::{LabeledVector, LogisticConfig, OnlineLogisticRegression, Prediction};
 use crate::operators::online_join::{JoinConfig, JoinEstimate, JoinTuple, OnlineJoin, Side};
 use crate::operators::word_count::{WordCount, WordCountConfig};
-use crate::operators::Grep;
+use crate::operators::{Grep, Tokenize, TokenizeConfig};
 
 /// The workloads' schemas, as shipped in `schemas/`.
 pub mod schemas {
@@ -735,6 +735,52 @@ impl ServiceOperator for OnlineJoin {
     }
 }
 
+impl ServiceOperator for Tokenize {
+    type Config = TokenizeConfig;
+    const STORE_BACKED: bool = false;
+    const INPUT_SCHEMA: &'static str = schemas::TEXT_LINE;
+    const OUTPUT_SCHEMA: &'static str = schemas::KEYED_VALUE;
+    type Record<'a> = TextLineRecord<'a>;
+    type OutputRecord<'a> = KeyedValueRecord<'a>;
+
+    fn build(config: &TokenizeConfig, _store: Option<(Box<dyn KeyStore>, usize)>) -> Result<Self, CoreError> {
+        Tokenize::new(*config)
+    }
+
+    fn empty_input() -> String {
+        String::new()
+    }
+
+    fn from_record(record: TextLineRecord<'_>, line: &mut String) -> Result<(), String> {
+        line.clear();
+        line.push_str(&record.line);
+        Ok(())
+    }
+
+    fn from_text(_key: Option<&[u8]>, value: &[u8], line: &mut String) -> Result<(), String> {
+        line.clear();
+        line.push_str(utf8(value)?);
+        Ok(())
+    }
+
+    fn input_text(record: &TextLineRecord<'_>) -> Option<Vec<u8>> {
+        Some(record.line.as_bytes().to_vec())
+    }
+
+    fn to_record(word: &KeyUpdate) -> KeyedValueRecord<'_> {
+        key_update_record(word)
+    }
+
+    /// Keyed by the word: the next stage's partition for it.
+    fn output_key(word: &KeyUpdate) -> Option<&[u8]> {
+        Some(&word.key)
+    }
+
+    fn to_text(word: &KeyUpdate, value: &mut Vec<u8>) {
+        let _ = write!(value, "{}", word.value);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -864,6 +910,11 @@ mod tests {
             },
             "an error here".to_string(),
             "an error here".to_string(),
+        );
+        round_trip::<Tokenize>(
+            TextLineRecord { line: "to be".into() },
+            "to be".to_string(),
+            update("be", 1.0),
         );
         round_trip::<OnlineLogisticRegression>(
             LabeledVectorRecord {

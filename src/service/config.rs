@@ -9,8 +9,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::core::{CoreError, ExactInterval, FailurePolicy, GlobalThresholds, Mode};
-use crate::operators::{HeavyHitterConfig, JoinConfig, KeyedAggregationConfig, LogisticConfig, WordCountConfig};
+use super::codec::ServiceOperator;
+use crate::core::{CoreError, ExactInterval, FailurePolicy, GlobalThresholds, Mode, Operator};
+use crate::operators::{
+    HeavyHitterConfig, JoinConfig, KeyedAggregationConfig, LogisticConfig, TokenizeConfig, WordCountConfig,
+};
 
 /// Overrides `kafka.bootstrap_servers` of any config file.
 pub const ENV_BOOTSTRAP_SERVERS: &str = "AFSTREAM_BOOTSTRAP_SERVERS";
@@ -34,6 +37,24 @@ pub struct Config {
     pub pipeline: PipelineConfig,
     /// Prometheus metrics; none unless configured.
     pub metrics: Option<MetricsConfig>,
+    /// Its place in a chain of pipelines, if it is a stage of one.
+    pub stage: Option<Stage>,
+}
+
+/// A stage of a chain: pipelines of one file where each reads the topic the
+/// one before writes (tokenize → count). The chain's Θ, L and Γ are those of
+/// its last stage; stage i of m runs with Θ/β^(m−i), β the largest fan-out of
+/// its stages (the notes' pipeline split; halving then applies per task).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stage {
+    /// i, from 1.
+    pub index: u32,
+    /// m.
+    pub stages: u32,
+    /// β: the most outputs one input of any stage makes.
+    pub fanout: f64,
+    /// The names of the chain's pipelines, first to last.
+    pub chain: Vec<String>,
 }
 
 /// A config file as written.
@@ -161,7 +182,12 @@ pub struct PipelineConfig {
     #[serde(default)]
     pub store: StoreConfig,
     pub operator: OperatorConfig,
+    /// The thresholds it runs with: its own, or its chain's.
+    #[serde(skip)]
     pub fault_tolerance: FaultToleranceConfig,
+    /// The thresholds as written (none for a stage before the last of a chain).
+    #[serde(default, rename = "fault_tolerance")]
+    declared_fault_tolerance: Option<FaultToleranceConfig>,
 }
 
 /// The memory budget of a task's local store.
@@ -207,6 +233,7 @@ pub enum OperatorConfig {
     Grep(GrepConfig),
     LogisticRegression(LogisticConfig),
     OnlineJoin(JoinConfig),
+    Tokenize(TokenizeConfig),
 }
 
 /// Grep: lines matching a regular expression pass, the others do not.
@@ -227,6 +254,7 @@ impl OperatorConfig {
             OperatorConfig::Grep(_) => "grep",
             OperatorConfig::LogisticRegression(_) => "logistic_regression",
             OperatorConfig::OnlineJoin(_) => "online_join",
+            OperatorConfig::Tokenize(_) => "tokenize",
         }
     }
 
@@ -235,7 +263,10 @@ impl OperatorConfig {
     pub fn reads_text(&self) -> bool {
         matches!(
             self,
-            OperatorConfig::WordCount(_) | OperatorConfig::KeyedAggregation(_) | OperatorConfig::Grep(_)
+            OperatorConfig::WordCount(_)
+                | OperatorConfig::KeyedAggregation(_)
+                | OperatorConfig::Grep(_)
+                | OperatorConfig::Tokenize(_)
         )
     }
 }
@@ -269,6 +300,10 @@ macro_rules! with_operator {
             }
             Kind::OnlineJoin($config) => {
                 type $operator = $crate::operators::OnlineJoin;
+                $body
+            }
+            Kind::Tokenize($config) => {
+                type $operator = $crate::operators::Tokenize;
                 $body
             }
         }
@@ -318,6 +353,22 @@ pub struct FaultToleranceConfig {
 
 fn default_policy() -> PolicyName {
     PolicyName::Halving
+}
+
+/// Only a placeholder until a pipeline's thresholds are resolved.
+impl Default for FaultToleranceConfig {
+    fn default() -> Self {
+        FaultToleranceConfig {
+            mode: ModeName::None,
+            theta: 1.0,
+            max_uncovered: 1,
+            max_unacked: 1,
+            policy: PolicyName::Halving,
+            recover_after_items: None,
+            exact_interval_items: None,
+            exact_interval_ms: None,
+        }
+    }
 }
 
 impl FaultToleranceConfig {
@@ -406,6 +457,85 @@ pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config,
     }
 }
 
+/// Finds the chains among a file's pipelines (each reading the topic the one
+/// before writes) and gives each pipeline its stage, with the thresholds its
+/// chain's last stage declares.
+#[allow(clippy::type_complexity)]
+fn chains(
+    named: &[(Option<String>, PipelineConfig)],
+) -> Result<Vec<Option<(Stage, Option<FaultToleranceConfig>)>>, String> {
+    let label = |i: usize| named[i].0.clone().unwrap_or_else(|| "pipeline".into());
+    let upstream = |i: usize| -> Result<Option<usize>, String> {
+        let writers: Vec<usize> = (0..named.len())
+            .filter(|&j| j != i && named[j].1.output_topic == named[i].1.input_topic)
+            .collect();
+        match writers.as_slice() {
+            [] => Ok(None),
+            [one] => Ok(Some(*one)),
+            [a, b, ..] => Err(format!(
+                "pipelines {} and {} both write {}, which {} reads: a chain is a line of stages",
+                label(*a),
+                label(*b),
+                named[i].1.input_topic,
+                label(i)
+            )),
+        }
+    };
+    let mut downstream: Vec<Option<usize>> = vec![None; named.len()];
+    let mut upstreams = Vec::with_capacity(named.len());
+    for i in 0..named.len() {
+        let up = upstream(i)?;
+        if let Some(up) = up {
+            if let Some(other) = downstream[up].replace(i) {
+                return Err(format!(
+                    "pipelines {} and {} both read {}, the output of {}: a chain is a line of stages",
+                    label(other),
+                    label(i),
+                    named[i].1.input_topic,
+                    label(up)
+                ));
+            }
+        }
+        upstreams.push(up);
+    }
+    let mut stages = vec![None; named.len()];
+    for head in (0..named.len()).filter(|&i| upstreams[i].is_none() && downstream[i].is_some()) {
+        let mut chain = vec![head];
+        while let Some(next) = chain.last().and_then(|&last| downstream[last]) {
+            chain.push(next);
+        }
+        let mut fanout: f64 = 1.0;
+        for &i in &chain {
+            let beta = crate::with_operator!(&named[i].1.operator, |O, c| {
+                <O as ServiceOperator>::build(c, None).map(|o| o.constants().beta)
+            })
+            .map_err(|e| format!("pipelines {}: {e}", label(i)))?;
+            fanout = fanout.max(beta as f64);
+        }
+        let names: Vec<String> = chain.iter().map(|&i| label(i)).collect();
+        let last = chain.last().and_then(|&i| named[i].1.declared_fault_tolerance.clone());
+        for (position, &i) in chain.iter().enumerate() {
+            stages[i] = Some((
+                Stage {
+                    index: position as u32 + 1,
+                    stages: chain.len() as u32,
+                    fanout,
+                    chain: names.clone(),
+                },
+                last.clone(),
+            ));
+        }
+    }
+    if let Some(i) = (0..named.len()).find(|&i| upstreams[i].is_some() && stages[i].is_none()) {
+        return Err(format!(
+            "pipeline {} reads its own output through a cycle of pipelines ({})",
+            label(i),
+            named[i].1.input_topic
+        ));
+    }
+    Ok(stages)
+}
+
 /// Parses and checks config text: every pipeline, each with its own group.
 pub fn parse_all(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Config>, String> {
     let mut file: ConfigFile = toml::from_str(text).map_err(|e| e.to_string())?;
@@ -421,8 +551,34 @@ pub fn parse_all(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Vec
         (Some(pipeline), true) => vec![(None, pipeline)],
         (None, false) => file.pipelines.into_iter().map(|(n, p)| (Some(n), p)).collect(),
     };
+    let stages = chains(&named)?;
     let mut configs = Vec::with_capacity(named.len());
-    for (name, pipeline) in named {
+    for ((name, mut pipeline), stage) in named.into_iter().zip(stages) {
+        let key = |field: &str| match &name {
+            Some(name) => format!("pipelines.{name}.{field}"),
+            None => format!("pipeline.{field}"),
+        };
+        pipeline.fault_tolerance = match (&stage, pipeline.declared_fault_tolerance.take()) {
+            (Some((stage, _)), Some(_)) if stage.index < stage.stages => {
+                return Err(format!(
+                    "`{}`: a chain's thresholds are its last stage's (pipelines.{}.fault_tolerance); stage {} of {} \
+                     runs with their share",
+                    key("fault_tolerance"),
+                    stage.chain.last().map_or("", String::as_str),
+                    stage.index,
+                    stage.stages
+                ))
+            }
+            (_, Some(declared)) => declared,
+            (Some((_, Some(last))), None) => last.clone(),
+            (_, None) => {
+                return Err(format!(
+                    "`{}` is missing: mode, theta, max_uncovered, max_unacked",
+                    key("fault_tolerance")
+                ))
+            }
+        };
+        let stage = stage.map(|(stage, _)| stage);
         let mut kafka = file.kafka.clone();
         kafka.group_id = match (&name, &pipeline.group_id) {
             (_, Some(group)) => group.clone(),
@@ -439,6 +595,7 @@ pub fn parse_all(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Vec
             kafka,
             pipeline,
             metrics: file.metrics.clone(),
+            stage,
         };
         validate(&config).map_err(|message| match &config.name {
             // The keys of a named pipeline are under pipelines.NAME.
@@ -447,6 +604,11 @@ pub fn parse_all(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Vec
         })?;
         configs.push(config);
     }
+    // A chain's stages in order, after the pipeline it is named by first.
+    configs.sort_by_key(|c| match &c.stage {
+        Some(stage) => (stage.chain.first().cloned(), stage.index),
+        None => (c.name.clone(), 0),
+    });
     for (i, config) in configs.iter().enumerate() {
         for earlier in &configs[..i] {
             if earlier.kafka.group_id == config.kafka.group_id {
@@ -722,6 +884,88 @@ fault_tolerance = { mode = "none", theta = 1.0, max_uncovered = 500, max_unacked
         assert!(parse_all(&both, &no_env).unwrap_err().contains("not both"));
         let none = "[kafka]\nbootstrap_servers = \"b:9092\"\ngroup_id = \"g\"\n";
         assert!(parse_all(none, &no_env).unwrap_err().contains("no pipeline"));
+    }
+
+    const CHAIN: &str = r#"
+[kafka]
+bootstrap_servers = "127.0.0.1:9092"
+group_id = "wc2"
+
+[pipelines.tokenize]
+input_topic = "lines"
+output_topic = "words"
+format = "text"
+operator = { kind = "tokenize", max_words_per_line = 8 }
+
+[pipelines.count]
+input_topic = "words"
+output_topic = "counts"
+format = "text"
+operator = { kind = "keyed_aggregation" }
+fault_tolerance = { mode = "approximate", theta = 800.0, max_uncovered = 100, max_unacked = 800 }
+"#;
+
+    #[test]
+    fn pipelines_reading_each_others_output_form_a_chain_with_the_last_stages_thresholds() {
+        let configs = parse_all(CHAIN, &no_env).expect("valid");
+        let stages: Vec<(Option<&str>, Option<&Stage>)> =
+            configs.iter().map(|c| (c.name.as_deref(), c.stage.as_ref())).collect();
+        let chain = vec!["tokenize".to_string(), "count".to_string()];
+        assert_eq!(
+            stages,
+            [
+                (
+                    Some("tokenize"),
+                    Some(&Stage {
+                        index: 1,
+                        stages: 2,
+                        fanout: 8.0,
+                        chain: chain.clone()
+                    })
+                ),
+                (
+                    Some("count"),
+                    Some(&Stage {
+                        index: 2,
+                        stages: 2,
+                        fanout: 8.0,
+                        chain
+                    })
+                ),
+            ],
+            "in chain order, whatever the names' order"
+        );
+        assert_eq!(
+            configs[0].pipeline.fault_tolerance.theta, 800.0,
+            "the chain's thresholds"
+        );
+
+        let own = CHAIN.replace(
+            "operator = { kind = \"tokenize\", max_words_per_line = 8 }",
+            "operator = { kind = \"tokenize\", max_words_per_line = 8 }\nfault_tolerance = { mode = \"none\", theta = 1.0, max_uncovered = 1, max_unacked = 8 }",
+        );
+        let error = parse_all(&own, &no_env).unwrap_err();
+        assert!(
+            error.contains("`pipelines.tokenize.fault_tolerance`") && error.contains("last stage's"),
+            "{error}"
+        );
+        let missing = CHAIN.replace(
+            "fault_tolerance = { mode = \"approximate\", theta = 800.0, max_uncovered = 100, max_unacked = 800 }",
+            "",
+        );
+        assert!(parse_all(&missing, &no_env)
+            .unwrap_err()
+            .contains("`pipelines.count.fault_tolerance` is missing"));
+        let fan_out = format!(
+            "{CHAIN}\n[pipelines.other]\ninput_topic = \"words\"\noutput_topic = \"other\"\nformat = \"text\"\n\
+             operator = {{ kind = \"grep\", pattern = \"a\" }}\nfault_tolerance = {{ mode = \"none\", theta = 1.0, \
+             max_uncovered = 1, max_unacked = 1 }}\n"
+        );
+        assert!(parse_all(&fan_out, &no_env)
+            .unwrap_err()
+            .contains("both read words, the output of tokenize"));
+        let cycle = CHAIN.replace("input_topic = \"lines\"", "input_topic = \"counts\"");
+        assert!(parse_all(&cycle, &no_env).unwrap_err().contains("cycle"));
     }
 
     #[test]

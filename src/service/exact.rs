@@ -22,7 +22,7 @@ use crate::core::Operator;
 use crate::operators::heavy_hitters::detection_accuracy;
 use crate::operators::online_join::{exact_join, relative_error};
 use crate::operators::{
-    Grep, HeavyHitters, HitterThreshold, KeyedAggregation, OnlineJoin, OnlineLogisticRegression, WordCount,
+    Grep, HeavyHitters, HitterThreshold, KeyedAggregation, OnlineJoin, OnlineLogisticRegression, Tokenize, WordCount,
 };
 
 /// Keys listed by name when some are missing or unexpected.
@@ -294,6 +294,72 @@ impl Answering for WordCount {
     }
     fn compare(answer: &Answer, outputs: &[OutputFields], _: usize) -> Comparison {
         compare_per_key(answer, outputs)
+    }
+}
+
+/// The words a tokenizer emits, counted: compared with how often each word
+/// appears in the output.
+pub struct Occurrences(Tokenize, BTreeMap<String, f64>);
+
+impl ExactState<Tokenize> for Occurrences {
+    fn take(&mut self, _: i32, line: &String, outputs: &mut Vec<<Tokenize as Operator>::Output>) -> bool {
+        if self.0.process(line, outputs).is_err() {
+            return false;
+        }
+        for word in outputs.iter() {
+            *self
+                .1
+                .entry(String::from_utf8_lossy(&word.key).into_owned())
+                .or_default() += 1.0;
+        }
+        true
+    }
+
+    fn answer(self, _: &Config) -> Answer {
+        per_key(self.1)
+    }
+}
+
+impl Answering for Tokenize {
+    type State = Occurrences;
+    fn start(operator: Self, _: usize) -> Self::State {
+        Occurrences(operator, BTreeMap::new())
+    }
+    /// Each output is one occurrence: counted per key, not the latest value.
+    fn compare(answer: &Answer, outputs: &[OutputFields], _: usize) -> Comparison {
+        let mut counted: BTreeMap<&str, f64> = BTreeMap::new();
+        for output in outputs {
+            if let Some(key) = &output.key {
+                *counted.entry(key).or_default() += 1.0;
+            }
+        }
+        let as_latest: Vec<OutputFields> = counted
+            .into_iter()
+            .map(|(key, count)| OutputFields {
+                key: Some(key.to_string()),
+                fields: serde_json::json!({ "value": count }),
+            })
+            .collect();
+        match compare_per_key(answer, &as_latest) {
+            Comparison::PerKey {
+                output_keys,
+                l1_error,
+                max_error,
+                worst_key,
+                missing_keys,
+                unexpected_keys,
+                ..
+            } => Comparison::PerKey {
+                output_records: outputs.len() as u64,
+                output_keys,
+                l1_error,
+                max_error,
+                worst_key,
+                missing_keys,
+                unexpected_keys,
+            },
+            other => other,
+        }
     }
 }
 

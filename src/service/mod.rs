@@ -79,9 +79,37 @@ fn serve_metrics(config: &Config) -> Result<(), ServiceError> {
 }
 
 fn run_one(config: &Config, stop: &AtomicBool, options: RunOptions) -> Result<RunReport, ServiceError> {
+    // Every line a pipeline logs names its group (several may share a process).
+    let _span = tracing::info_span!("pipeline", group = %config.kafka.group_id).entered();
     crate::with_operator!(&config.pipeline.operator, |O, c| runner::run_pipeline::<O>(
         config, c, stop, options
     ))
+}
+
+/// Creates the topics between the stages of chains (as the upstream would,
+/// with the partitions of the chain's input), so a downstream stage never
+/// starts before its input exists.
+fn create_intermediate_topics(configs: &[Config]) -> Result<(), ServiceError> {
+    for config in configs {
+        let Some(stage) = config.stage.as_ref().filter(|s| s.index > 1) else {
+            continue;
+        };
+        let head = configs
+            .iter()
+            .find(|c| c.stage.as_ref().is_some_and(|s| s.index == 1 && s.chain == stage.chain));
+        let Some(head) = head else { continue };
+        let partitions = kafka::partition_count(&head.kafka, &head.pipeline.input_topic)?
+            .ok_or_else(|| KafkaSetupError::MissingTopic(head.pipeline.input_topic.clone()))?;
+        kafka::ensure_topics(
+            &config.kafka,
+            &[kafka::TopicSpec {
+                name: &config.pipeline.input_topic,
+                partitions,
+                compacted: false,
+            }],
+        )?;
+    }
+    Ok(())
 }
 
 /// Runs several pipelines of one file side by side, each in its own consumer
@@ -96,18 +124,36 @@ pub fn run_all(configs: &[Config], stop: &AtomicBool, options: RunOptions) -> Re
     if let Some(first) = configs.first() {
         serve_metrics(first)?;
     }
+    create_intermediate_topics(configs)?;
+    // With --stop-at-end a chain's stages run one after the other, so that each
+    // reads its upstream's whole output; otherwise every pipeline runs at once.
+    let mut units: Vec<Vec<&Config>> = Vec::new();
+    for config in configs {
+        match (&config.stage, units.last_mut()) {
+            (Some(stage), Some(unit)) if options.stop_at_end && stage.index > 1 => unit.push(config),
+            _ => units.push(vec![config]),
+        }
+    }
     let stop_all = AtomicBool::new(false);
     let results = std::thread::scope(|scope| {
-        let running: Vec<_> = configs
-            .iter()
-            .map(|config| {
+        let running: Vec<_> = units
+            .into_iter()
+            .map(|unit| {
                 let stop_all = &stop_all;
                 scope.spawn(move || {
-                    let result = run_one(config, stop_all, options);
-                    if result.is_err() {
-                        stop_all.store(true, Ordering::SeqCst);
+                    let mut results = Vec::new();
+                    for config in unit {
+                        if stop_all.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        let result = run_one(config, stop_all, options);
+                        let failed = result.is_err();
+                        results.push((config, result));
+                        if failed {
+                            stop_all.store(true, Ordering::SeqCst);
+                        }
                     }
-                    result
+                    results
                 })
             })
             .collect();
@@ -117,16 +163,17 @@ pub fn run_all(configs: &[Config], stop: &AtomicBool, options: RunOptions) -> Re
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        running
-            .into_iter()
-            .map(|r| {
-                r.join()
-                    .unwrap_or_else(|_| Err(ServiceError::Unsupported("a pipeline's thread panicked".into())))
-            })
-            .collect::<Vec<_>>()
-    });
+        let mut results = Vec::new();
+        for unit in running {
+            match unit.join() {
+                Ok(unit) => results.extend(unit),
+                Err(_) => return Err(ServiceError::Unsupported("a pipeline's thread panicked".into())),
+            }
+        }
+        Ok(results)
+    })?;
     let mut reports = Vec::with_capacity(results.len());
-    for (config, result) in configs.iter().zip(results) {
+    for (config, result) in results {
         match result {
             Ok(report) => reports.push(report),
             Err(source) => {

@@ -5,6 +5,7 @@ pub mod heavy_hitters;
 pub mod keyed_aggregation;
 pub mod logistic_regression;
 pub mod online_join;
+pub mod tokenize;
 pub mod word_count;
 
 pub use grep::Grep;
@@ -12,4 +13,5 @@ pub use heavy_hitters::{FlowPacket, HeavyHitter, HeavyHitterConfig, HeavyHitters
 pub use keyed_aggregation::{Aggregate, KeyUpdate, KeyedAggregation, KeyedAggregationConfig, KeyedValue};
 pub use logistic_regression::{LabeledVector, LogisticConfig, OnlineLogisticRegression, Prediction};
 pub use online_join::{JoinConfig, JoinEstimate, JoinTuple, OnlineJoin, Side};
+pub use tokenize::{Tokenize, TokenizeConfig};
 pub use word_count::{WordCount, WordCountConfig};

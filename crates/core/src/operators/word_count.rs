@@ -40,7 +40,7 @@ pub struct WordCount {
 }
 
 /// The words of a line, as borrowed slices (lower-casing happens later).
-fn words(line: &str) -> impl Iterator<Item = &str> {
+pub(crate) fn words(line: &str) -> impl Iterator<Item = &str> {
     line.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty())
 }
 
