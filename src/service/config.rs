@@ -483,7 +483,7 @@ fn chains(
     };
     let mut downstream: Vec<Option<usize>> = vec![None; named.len()];
     let mut upstreams = Vec::with_capacity(named.len());
-    for i in 0..named.len() {
+    for (i, (_, pipeline)) in named.iter().enumerate() {
         let up = upstream(i)?;
         if let Some(up) = up {
             if let Some(other) = downstream[up].replace(i) {
@@ -491,7 +491,7 @@ fn chains(
                     "pipelines {} and {} both read {}, the output of {}: a chain is a line of stages",
                     label(other),
                     label(i),
-                    named[i].1.input_topic,
+                    pipeline.input_topic,
                     label(up)
                 ));
             }
