@@ -936,3 +936,203 @@ fn keyed_sums_on_local_stores_are_exact_after_a_sigkill_and_refused_records_are_
     assert!(reasons.iter().any(|r| r.contains("no key")), "{reasons:?}");
     assert!(reasons.iter().any(|r| r.contains("not a number")), "{reasons:?}");
 }
+
+/// How often each partition appears in a log's lines containing `needle`.
+fn times_logged(log: &Path, needle: &str) -> HashMap<i32, usize> {
+    let mut times = HashMap::new();
+    for partition in partitions_logged(log, needle) {
+        *times.entry(partition).or_insert(0) += 1;
+    }
+    times
+}
+
+/// The partitions in a log's lines containing `needle` (`partition=N`).
+fn partitions_logged(log: &Path, needle: &str) -> Vec<i32> {
+    log_lines(log, needle)
+        .iter()
+        .filter_map(|line| {
+            let rest = line.split(" partition=").nth(1)?;
+            rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+        })
+        .collect()
+}
+
+/// Each partition's failures counted in the recoveries a log records.
+fn failures_logged(log: &Path) -> HashMap<i32, usize> {
+    times_logged(log, "recovered from a failure")
+}
+
+/// The partitions a log says its instance lost (`partitions lost … partitions=[0, 4]`).
+fn lost_logged(log: &Path) -> HashSet<i32> {
+    log_lines(log, "partitions lost")
+        .iter()
+        .filter_map(|line| line.split("partitions=[").nth(1)?.split(']').next().map(str::to_string))
+        .flat_map(|list| {
+            list.split(',')
+                .filter_map(|p| p.trim().parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
+}
+
+/// How often each partition's task started in a log, after a failure or not.
+fn starts_logged(log: &Path) -> HashMap<i32, usize> {
+    let mut starts = times_logged(log, "task started");
+    for (partition, times) in failures_logged(log) {
+        *starts.entry(partition).or_insert(0) += times;
+    }
+    starts
+}
+
+#[test]
+fn three_instances_on_six_partitions_survive_a_clean_stop_and_a_kill_with_every_move_accounted_for() {
+    let dir = test_dir("wc-three");
+    let broker = Broker::start(&dir);
+    let thresholds = (1200.0, 1200, 6000);
+    let p = pipeline(&dir, &broker, "wc-three", "text", &word_count_operator(), thresholds);
+    // Lines keyed by one of 60 keys, each key's words its own: every word stays in one partition.
+    let mut rng = StdRng::seed_from_u64(41);
+    let lines: Vec<InputRecord> = (0..30_000)
+        .map(|_| {
+            let key = rng.gen_range(0..60);
+            let words: Vec<String> = (0..5).map(|_| format!("k{key}w{}", rng.gen_range(0..200))).collect();
+            InputRecord {
+                key: Some(format!("k{key}").into_bytes()),
+                value: words.join(" ").into_bytes(),
+            }
+        })
+        .collect();
+    // Half now, half once B has stopped: C is killed mid-stream.
+    let (first_half, second_half) = lines.split_at(lines.len() / 2);
+    produce(&broker.kafka(), &p.input, 6, first_half).expect("produce the first half");
+    let exact = exact_word_counts(&lines);
+    let (a_log, b_log, c_log) = (dir.join("a.log"), dir.join("b.log"), dir.join("c.log"));
+
+    let mut a = Service::start(&p.config, &a_log, false);
+    a.wait_until(RUN_DEADLINE, "outputs of the first instance", || {
+        broker.record_count(&p.output) > 5_000
+    });
+    let mut b = Service::start(&p.config, &b_log, false);
+    let mut c = Service::start(&p.config, &c_log, false);
+    for service in [&mut b, &mut c] {
+        let log = service.log.clone();
+        service.wait_until(RUN_DEADLINE, "partitions handed to a new instance", || {
+            !log_lines(&log, "task started").is_empty()
+        });
+    }
+
+    // A clean stop: every task of B stops cleanly (final backup, clean marker)
+    // and its partitions start again on A or C.
+    let starts = || {
+        let mut starts = starts_logged(&a_log);
+        for (partition, times) in starts_logged(&c_log) {
+            *starts.entry(partition).or_insert(0) += times;
+        }
+        starts
+    };
+    let starts_before = starts();
+    let status = b.terminate(RUN_DEADLINE);
+    assert!(status.success(), "B's clean stop failed:\n{}", common::tail(&b_log));
+    let b_partitions: HashSet<i32> = starts_logged(&b_log).into_keys().collect();
+    let stopped: HashSet<i32> = partitions_logged(&b_log, "task stopped cleanly").into_iter().collect();
+    assert_eq!(stopped, b_partitions, "every task of B stopped cleanly");
+    a.wait_until(RUN_DEADLINE, "B's partitions started again by A or C", || {
+        let now = starts();
+        b_partitions
+            .iter()
+            .all(|p| now.get(p).copied().unwrap_or(0) > starts_before.get(p).copied().unwrap_or(0))
+    });
+    if !broker.is_own() {
+        // A coordinator that waits for a partition's owner to release it before
+        // giving it to another (Apache Kafka) makes a clean stop cost nothing.
+        // Tansu 0.6.0 does not, with three members (measured: it assigns a
+        // partition to A while C still owns it and never tells C), so on the
+        // project's own broker a move may be counted as a failure; the bound
+        // below then accounts for it.
+        for log in [&a_log, &c_log] {
+            assert!(
+                log_lines(log, "recovered from a failure").is_empty(),
+                "a clean stop counted a failure:\n{}",
+                common::tail(log)
+            );
+        }
+    }
+
+    // A kill: C's partitions move to A after the session timeout and start
+    // again there, recovering from their last markers.
+    let outputs_before = broker.record_count(&p.output);
+    produce(&broker.kafka(), &p.input, 6, second_half).expect("produce the second half");
+    a.wait_until(RUN_DEADLINE, "outputs of the second half", || {
+        broker.record_count(&p.output) >= outputs_before + (second_half.len() * 5 / 10) as i64
+    });
+    let c_handed = times_logged(&c_log, "partition handed off");
+    let c_partitions: HashSet<i32> = starts_logged(&c_log)
+        .into_iter()
+        .filter(|(p, started)| *started > c_handed.get(p).copied().unwrap_or(0))
+        .map(|(p, _)| p)
+        .collect();
+    assert!(!c_partitions.is_empty(), "C held partitions when it was killed");
+    let a_starts = starts_logged(&a_log);
+    c.kill();
+    a.wait_until(RUN_DEADLINE, "A starting every partition C held", || {
+        let now = starts_logged(&a_log);
+        c_partitions
+            .iter()
+            .all(|p| now.get(p).copied().unwrap_or(0) > a_starts.get(p).copied().unwrap_or(0))
+    });
+    let status = a.terminate(RUN_DEADLINE);
+    assert!(status.success(), "A's clean stop failed:\n{}", common::tail(&a_log));
+
+    // Every partition processed to the end, from the clean markers A left.
+    let last = run_to_end(&p, "last.log");
+    assert!(log_lines(&last.log, "recovered from a failure").is_empty());
+    let started: HashSet<i32> = partitions_logged(&last.log, "task started").into_iter().collect();
+    assert_eq!(
+        started,
+        (0..6).collect::<HashSet<i32>>(),
+        "all six partitions ran to the end"
+    );
+
+    // Every failure counted was a partition that moved, and the answer is
+    // within the bound of the failures counted.
+    let mut failures: HashMap<i32, usize> = HashMap::new();
+    for log in [&a_log, &b_log, &c_log] {
+        for (partition, times) in failures_logged(log) {
+            *failures.entry(partition).or_insert(0) += times;
+        }
+    }
+    // Moved: B's and C's partitions, and any an instance lost (its session
+    // ended: on Tansu 0.6.0, measured, A sometimes loses its own when C dies).
+    let mut moved: HashSet<i32> = b_partitions.union(&c_partitions).copied().collect();
+    for log in [&a_log, &b_log, &c_log] {
+        moved.extend(lost_logged(log));
+    }
+    assert!(
+        failures.keys().all(|p| moved.contains(p)),
+        "failures {failures:?} only on partitions that moved ({moved:?})"
+    );
+    assert!(
+        c_partitions.iter().all(|p| failures.contains_key(p)),
+        "every partition of the killed instance recovered: {failures:?} vs {c_partitions:?}"
+    );
+    let op = WordCount::new(WordCountConfig {
+        max_words_per_line: MAX_WORDS,
+        ..WordCountConfig::default()
+    })
+    .expect("word count");
+    let bound: f64 = failures
+        .values()
+        .map(|&k| independent_bound(thresholds, op.constants(), true, 6, k as u32))
+        .sum();
+    let counts = changelog_counts(&broker, &p);
+    let error = l1_error(&counts, &exact);
+    eprintln!(
+        "three instances: B (partitions {b_partitions:?}) stopped cleanly, C ({c_partitions:?}) killed; failures \
+         counted {failures:?}; L1 error {error}, bound {bound}"
+    );
+    assert!(
+        error <= bound,
+        "L1 error {error} over the bound {bound} of the failures counted"
+    );
+    assert!(exact.keys().all(|word| counts.contains_key(word)), "every word counted");
+}

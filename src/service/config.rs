@@ -95,6 +95,10 @@ pub struct KafkaConfig {
     pub replication_factor: i32,
 }
 
+fn default_handoff_quiet_ms() -> u64 {
+    500
+}
+
 fn default_replication() -> i32 {
     1
 }
@@ -181,6 +185,11 @@ pub struct PipelineConfig {
     /// The memory budget of each local store.
     #[serde(default)]
     pub store: StoreConfig,
+    /// A task taking over a partition whose last marker is not clean first
+    /// waits until its changelog has stayed unchanged this long (a previous
+    /// owner still writing, up to 20 s); 0 resumes at once.
+    #[serde(default = "default_handoff_quiet_ms")]
+    pub handoff_quiet_ms: u64,
     pub operator: OperatorConfig,
     /// The thresholds it runs with: its own, or its chain's.
     #[serde(skip)]

@@ -308,6 +308,57 @@ impl ChangelogLoader {
         }
     }
 
+    /// The offset the partition's next record will get.
+    pub fn end_offset(&self, partition: i32) -> Result<i64, KafkaSetupError> {
+        self.reader
+            .watermarks(&self.topic, partition)
+            .map(|(_, high)| high)
+            .map_err(|e| self.error(partition, e))
+    }
+
+    /// The partition's last marker once nobody writes the partition any more:
+    /// at once when it is clean (its task stopped and handed it off);
+    /// otherwise after the changelog stayed unchanged for `quiet`, waiting at
+    /// most `patience`. A previous owner still writing is one a broker handed
+    /// the partition over from before it let go of it, or a revoked task's
+    /// records still landing: resuming under it would interleave two writers.
+    /// (One still alive but idle cannot be told from a dead one.)
+    pub fn settled_marker(
+        &self,
+        partition: i32,
+        quiet: Duration,
+        patience: Duration,
+    ) -> Result<Option<BackupMarker>, KafkaSetupError> {
+        let deadline = Instant::now() + patience;
+        let mut said = false;
+        loop {
+            let before = self.end_offset(partition)?;
+            let marker = self.last_marker(partition)?;
+            if marker.as_ref().is_some_and(|m| m.clean) || quiet.is_zero() {
+                return Ok(marker);
+            }
+            std::thread::sleep(quiet);
+            if self.end_offset(partition)? == before {
+                return Ok(marker);
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    partition,
+                    waited = ?patience,
+                    "the changelog is still being written by another member; resuming from its last marker"
+                );
+                return self.last_marker(partition);
+            }
+            if !said {
+                tracing::info!(
+                    partition,
+                    "the changelog is still being written by the previous owner; waiting for its clean marker"
+                );
+                said = true;
+            }
+        }
+    }
+
     /// The partition's last marker (how far its task got), read from the end
     /// backwards in growing windows.
     pub fn last_marker(&self, partition: i32) -> Result<Option<BackupMarker>, KafkaSetupError> {

@@ -116,6 +116,10 @@ struct Stores {
 /// point (its local store, or the changelog's last marker) and sets it before
 /// the partition is assigned, so no record is fetched from anywhere else; the
 /// task streams the changelog into its state when it starts.
+/// The longest a newly assigned partition waits for its previous owner to
+/// stop writing its changelog (see `ChangelogLoader::settled_marker`).
+const HANDOFF_PATIENCE: Duration = Duration::from_secs(20);
+
 struct GroupContext {
     group: String,
     input_topic: String,
@@ -134,6 +138,9 @@ struct GroupContext {
     failure: Mutex<Option<String>>,
     /// Flushed when partitions are revoked (see `rebalance`).
     producers: [Arc<BaseProducer<DeliveryReports>>; 2],
+    /// How long a changelog partition must stay unchanged before a task
+    /// resumes from a marker that is not clean (`pipeline.handoff_quiet_ms`).
+    handoff_quiet: Duration,
 }
 
 impl ClientContext for GroupContext {
@@ -181,6 +188,13 @@ impl GroupContext {
         }
     }
 
+    /// The changelog's last marker, once no previous owner writes the partition.
+    fn settled_marker(&self, partition: i32) -> Result<Option<BackupMarker>, String> {
+        self.loader
+            .settled_marker(partition, self.handoff_quiet, HANDOFF_PATIENCE)
+            .map_err(|e| e.to_string())
+    }
+
     fn prepare(&self, consumer: &BaseConsumer<Self>, tpl: &mut TopicPartitionList) -> Result<(), String> {
         let committed = consumer
             .committed_offsets(tpl.clone(), REQUEST_TIMEOUT)
@@ -202,15 +216,11 @@ impl GroupContext {
             let (marker, store, local) = match local {
                 Some(LocalStore::Usable { store, meta, marker }) => (marker.map(|m| *m), Some((store, meta)), true),
                 Some(LocalStore::Fresh(store)) => (
-                    self.loader.last_marker(partition).map_err(|e| e.to_string())?,
+                    self.settled_marker(partition)?,
                     Some((store, TaskStore::new_meta(0))),
                     false,
                 ),
-                None => (
-                    self.loader.last_marker(partition).map_err(|e| e.to_string())?,
-                    None,
-                    false,
-                ),
+                None => (self.settled_marker(partition)?, None, false),
             };
             let restore_seconds = restore_started.elapsed().as_secs_f64();
             let committed = match committed
@@ -282,7 +292,7 @@ impl GroupContext {
                 marker: None,
             });
         } else {
-            let marker = self.loader.last_marker(partition).map_err(|e| e.to_string())?;
+            let marker = self.settled_marker(partition)?;
             if marker.as_ref().map(|m| m.writer) == Some(meta.store_id) {
                 return Ok(LocalStore::Usable {
                     store,
@@ -361,6 +371,7 @@ impl ConsumerContext for GroupContext {
     fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                tracing::info!(partitions = ?partition_list(tpl), "partitions assigned");
                 if let Err(message) = self.prepare(consumer, tpl) {
                     self.fail(format!("restoring newly assigned partitions: {message}"));
                 }
@@ -368,6 +379,7 @@ impl ConsumerContext for GroupContext {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS
                 if !consumer.assignment_lost() && !self.closing.load(Ordering::Relaxed) =>
             {
+                tracing::info!(partitions = ?partition_list(tpl), "partitions revoked");
                 // The group waits for the release: the loop stops the revoked
                 // tasks cleanly (final complete backup, clean marker), so the next
                 // owner resumes exactly and counts no failure, then releases them.
@@ -389,6 +401,12 @@ impl ConsumerContext for GroupContext {
                 // old task will change, and the old task's delivery reports
                 // reach it, not its successor (the loop hands them out before
                 // it drops the task).
+                if consumer.assignment_lost() {
+                    tracing::warn!(
+                        partitions = ?partition_list(tpl),
+                        "partitions lost (the group went on without this member): dropped without a final backup"
+                    );
+                }
                 self.flush_producers();
                 if let Ok(mut revoked) = self.revoked.lock() {
                     revoked.extend(tpl.elements().iter().map(|e| e.partition()));
@@ -410,6 +428,11 @@ impl ConsumerContext for GroupContext {
             }
         }
     }
+}
+
+/// The partition numbers of a rebalance's list, for the log.
+fn partition_list(tpl: &TopicPartitionList) -> Vec<i32> {
+    tpl.elements().iter().map(|e| e.partition()).collect()
 }
 
 /// Deliveries still owed for the backup in flight.
@@ -1285,6 +1308,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         group: kafka.group_id.clone(),
         input_topic: topics.input.clone(),
         loader: ChangelogLoader::new(kafka, &topics.changelog)?,
+        handoff_quiet: Duration::from_millis(pipeline.handoff_quiet_ms),
         controller,
         stores: match &pipeline.state_dir {
             Some(dir) if O::STORE_BACKED => Some(Stores {
@@ -1398,7 +1422,7 @@ pub fn run_pipeline<O: ServiceOperator>(
             let queue = consumer
                 .split_partition_queue(&topics.input, partition)
                 .ok_or_else(|| ServiceError::Unsupported(format!("no queue for input partition {partition}")))?;
-            let task = Task::start(
+            let mut task = Task::start(
                 &shared,
                 controller,
                 operator_config,
@@ -1407,6 +1431,11 @@ pub fn run_pipeline<O: ServiceOperator>(
                 pipeline.store.resident_keys,
                 now_ms,
             )?;
+            if stopping.is_some() {
+                // Assigned while the loop is stopping: it stops at once, cleanly
+                // (a final backup and a clean marker where it started).
+                task.begin_stop(&shared);
+            }
             tasks.insert(partition, task);
             first_task.get_or_insert_with(Instant::now);
         }
