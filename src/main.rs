@@ -45,6 +45,10 @@ enum Command {
     /// The exact answer of a config's workload, from its input topic as it is
     /// now; with --compare, the output topic against it.
     Exact(ExactArgs),
+    /// A config's pipeline on seeded input, failure-free and with K SIGKILLs
+    /// (each followed by a restart), both against the exact answer: a JSON and
+    /// a Markdown report.
+    Experiment(ExperimentArgs),
     /// The whole story on a real broker: packets in, a heavy-hitter pipeline
     /// killed with SIGKILL and restarted, the answer against the exact one and
     /// each partition's error against its bound.
@@ -105,6 +109,27 @@ struct CheckArgs {
     /// Check only this pipeline of a file of several (default: all of them).
     #[arg(long)]
     pipeline: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct ExperimentArgs {
+    /// The pipeline's config file (one pipeline); AFSTREAM_BOOTSTRAP_SERVERS
+    /// overrides its brokers.
+    #[arg(long)]
+    config: std::path::PathBuf,
+    /// Synthetic input records (of the operator's workload).
+    #[arg(long, default_value_t = 20_000)]
+    items: usize,
+    #[arg(long, default_value_t = 2)]
+    partitions: usize,
+    /// SIGKILLs in the run with failures, at seeded points of its progress.
+    #[arg(long, default_value_t = 3)]
+    failures: usize,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Where the runs' configs and logs and the reports go.
+    #[arg(long, default_value = "afstream-experiment")]
+    dir: std::path::PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -241,6 +266,7 @@ fn main() -> ExitCode {
         Command::Check(args) => check(&args),
         Command::Produce(args) => produce(&args),
         Command::Exact(args) => exact(&args),
+        Command::Experiment(args) => experiment(&args),
         Command::Demo(args) => demo(&args),
     };
     match result {
@@ -368,6 +394,24 @@ fn produce(args: &ProduceArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+fn experiment(args: &ExperimentArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let report = service::experiment::run_experiment(&service::experiment::ExperimentOptions {
+        config: args.config.clone(),
+        items: args.items,
+        partitions: args.partitions,
+        failures: args.failures,
+        seed: args.seed,
+        dir: args.dir.clone(),
+    })?;
+    print!("{}", service::experiment::markdown(&report));
+    println!(
+        "\nreports: {} and {}",
+        args.dir.join("report.json").display(),
+        args.dir.join("report.md").display()
+    );
+    Ok(())
+}
+
 fn exact(args: &ExactArgs) -> Result<(), Box<dyn std::error::Error>> {
     use service::exact::{Answer, Comparison};
     let config = service::config::load_named(&args.config, &env, args.pipeline.as_deref())?;
@@ -406,15 +450,19 @@ fn exact(args: &ExactArgs) -> Result<(), Box<dyn std::error::Error>> {
             l1_error,
             max_error,
             worst_key,
+            missing,
             missing_keys,
+            unexpected,
             unexpected_keys,
         }) => {
             println!(
                 "output: {output_records} records, {output_keys} keys; L1 error {l1_error}, largest error {max_error}{}",
                 worst_key.as_ref().map(|k| format!(" ({k})")).unwrap_or_default()
             );
-            if !missing_keys.is_empty() || !unexpected_keys.is_empty() {
-                println!("missing keys (first ones): {missing_keys:?}; unexpected: {unexpected_keys:?}");
+            if *missing > 0 || *unexpected > 0 {
+                println!(
+                    "{missing} keys missing (first: {missing_keys:?}); {unexpected} unexpected (first: {unexpected_keys:?})"
+                );
             }
         }
         Some(Comparison::HeavyHitters {

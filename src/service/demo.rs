@@ -8,13 +8,14 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::child::Run;
+pub use super::child::{logged_recoveries, LoggedRecovery};
 use super::codec::{Codec, ServiceOperator};
 use super::config::KafkaConfig;
 use super::kafka::{ChangelogLoader, TopicReader};
@@ -40,132 +41,6 @@ pub struct DemoOptions {
     pub theta: f64,
     pub max_uncovered: u64,
     pub max_unacked: u64,
-}
-
-/// A recovery as the service logged it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LoggedRecovery {
-    pub partition: i32,
-    pub failures: u32,
-    pub resume_offset: u64,
-    pub bound_state: f64,
-}
-
-/// A numeric field `name=value` of a log line.
-fn log_field(line: &str, name: &str) -> Option<f64> {
-    let start = line.find(&format!(" {name}="))? + name.len() + 2;
-    line[start..].split_whitespace().next()?.parse().ok()
-}
-
-/// The recoveries a service log records.
-pub fn logged_recoveries(log: &str) -> Vec<LoggedRecovery> {
-    log.lines()
-        .filter(|line| line.contains("recovered from a failure"))
-        .filter_map(|line| {
-            Some(LoggedRecovery {
-                partition: log_field(line, "partition")? as i32,
-                failures: log_field(line, "failures")? as u32,
-                resume_offset: log_field(line, "resume_offset")? as u64,
-                bound_state: log_field(line, "bound_state")?,
-            })
-        })
-        .collect()
-}
-
-/// An `afstream run` child, killed if the demo ends early.
-struct Run {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Run {
-    fn start(config: &Path, log: PathBuf, stop_at_end: bool) -> Result<Run, ServiceError> {
-        let exe = std::env::current_exe().map_err(|e| ServiceError::Demo(format!("finding afstream itself: {e}")))?;
-        let log_file =
-            std::fs::File::create(&log).map_err(|e| ServiceError::Demo(format!("{}: {e}", log.display())))?;
-        let mut command = Command::new(exe);
-        command
-            .arg("run")
-            .arg("--config")
-            .arg(config)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log_file);
-        if stop_at_end {
-            command.arg("--stop-at-end");
-        }
-        let child = command
-            .spawn()
-            .map_err(|e| ServiceError::Demo(format!("starting afstream run: {e}")))?;
-        Ok(Run {
-            child: Some(child),
-            log,
-        })
-    }
-
-    /// Fails if the child has exited.
-    fn check_alive(&mut self) -> Result<(), ServiceError> {
-        if let Some(child) = self.child.as_mut() {
-            if let Ok(Some(status)) = child.try_wait() {
-                self.child = None;
-                return Err(ServiceError::Demo(format!(
-                    "afstream run exited early ({status}); see {}",
-                    self.log.display()
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// Tasks this run has started, by its log.
-    fn started_tasks(&self) -> usize {
-        std::fs::read_to_string(&self.log)
-            .map(|text| {
-                text.lines()
-                    .filter(|l| l.contains("task started") || l.contains("recovered from a failure"))
-                    .count()
-            })
-            .unwrap_or(0)
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    fn wait(&mut self) -> Result<(), ServiceError> {
-        let deadline = Instant::now() + STEP_DEADLINE;
-        while let Some(child) = self.child.as_mut() {
-            match child.try_wait() {
-                Ok(Some(status)) if status.success() => self.child = None,
-                Ok(Some(status)) => {
-                    self.child = None;
-                    return Err(ServiceError::Demo(format!(
-                        "afstream run failed ({status}); see {}",
-                        self.log.display()
-                    )));
-                }
-                _ if Instant::now() > deadline => {
-                    self.kill();
-                    return Err(ServiceError::Demo(format!(
-                        "afstream run did not finish within {STEP_DEADLINE:?}; see {}",
-                        self.log.display()
-                    )));
-                }
-                _ => std::thread::sleep(Duration::from_millis(50)),
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        self.kill();
-    }
 }
 
 fn config_text(options: &DemoOptions, group: &str, input: &str, output: &str, threshold: f64) -> String {
@@ -497,7 +372,8 @@ mod tests {
                 partition: 1,
                 failures: 2,
                 resume_offset: 3440,
-                bound_state: 3400.0
+                bound_state: 3400.0,
+                bound_outputs: 3700.0,
             }]
         );
     }

@@ -74,7 +74,11 @@ pub enum Comparison {
         l1_error: f64,
         max_error: f64,
         worst_key: Option<String>,
+        /// Exact keys with no output, and how many (the list holds the first ones).
+        missing: usize,
         missing_keys: Vec<String>,
+        /// Output keys the exact answer does not have.
+        unexpected: usize,
         unexpected_keys: Vec<String>,
     },
     HeavyHitters {
@@ -246,21 +250,25 @@ fn compare_per_key(answer: &Answer, outputs: &[OutputFields]) -> Comparison {
         }
     }
     let (mut l1, mut max_error, mut worst_key) = (0.0, 0.0, None);
-    let mut missing = Vec::new();
+    let (mut missing, mut missing_count) = (Vec::new(), 0);
     for (key, &value) in exact {
         let error = (latest.get(key.as_str()).copied().unwrap_or(0.0) - value).abs();
-        if !latest.contains_key(key.as_str()) && missing.len() < KEYS_LISTED {
-            missing.push(key.clone());
+        if !latest.contains_key(key.as_str()) {
+            missing_count += 1;
+            if missing.len() < KEYS_LISTED {
+                missing.push(key.clone());
+            }
         }
         l1 += error;
         if error > max_error {
             (max_error, worst_key) = (error, Some(key.clone()));
         }
     }
-    let mut unexpected = Vec::new();
+    let (mut unexpected, mut unexpected_count) = (Vec::new(), 0);
     for (key, value) in &latest {
         if !exact.contains_key(*key) {
             l1 += value.abs();
+            unexpected_count += 1;
             if unexpected.len() < KEYS_LISTED {
                 unexpected.push((*key).to_string());
             }
@@ -272,7 +280,9 @@ fn compare_per_key(answer: &Answer, outputs: &[OutputFields]) -> Comparison {
         l1_error: l1,
         max_error,
         worst_key,
+        missing: missing_count,
         missing_keys: missing,
+        unexpected: unexpected_count,
         unexpected_keys: unexpected,
     }
 }
@@ -346,7 +356,9 @@ impl Answering for Tokenize {
                 l1_error,
                 max_error,
                 worst_key,
+                missing,
                 missing_keys,
+                unexpected,
                 unexpected_keys,
                 ..
             } => Comparison::PerKey {
@@ -355,7 +367,9 @@ impl Answering for Tokenize {
                 l1_error,
                 max_error,
                 worst_key,
+                missing,
                 missing_keys,
+                unexpected,
                 unexpected_keys,
             },
             other => other,

@@ -1,9 +1,11 @@
 //! The Kafka service: `afstream run`.
 //!
 //! * [`check`]: `afstream check`, what a config runs with, without connecting;
+//! * [`child`]: `afstream run` as a child process, and the recoveries its log records;
 //! * [`config`]: the TOML config file;
 //! * [`demo`]: `afstream demo`, the whole story on a real broker;
 //! * [`codec`]: records to operator inputs, outputs to records (text, JSON, Avro);
+//! * [`experiment`]: `afstream experiment`, failure-free against K SIGKILLs, both against the exact answer;
 //! * [`exact`]: `afstream exact`, the exact answer from the input topic, and the output against it;
 //! * [`kafka`]: clients, topics, changelog reading, delivery reports;
 //! * [`metrics`]: the Prometheus exporter and each task's metrics;
@@ -13,10 +15,12 @@
 //! * [`store`]: a task's local RocksDB store.
 
 pub mod check;
+pub mod child;
 pub mod codec;
 pub mod config;
 pub mod demo;
 pub mod exact;
+pub mod experiment;
 pub mod kafka;
 pub mod metrics;
 pub mod produce;
@@ -55,6 +59,8 @@ pub enum ServiceError {
     Produce(String),
     #[error("demo: {0}")]
     Demo(String),
+    #[error("afstream run: {0}")]
+    Child(String),
     #[error("metrics: {0}")]
     Metrics(String),
     #[error("pipeline {name}: {source}")]

@@ -17,7 +17,7 @@ use super::codec::{
     Codec, FeatureRecord, FlowPacketRecord, JoinTupleRecord, KeyedValueRecord, LabeledVectorRecord, ServiceOperator,
     TextLineRecord,
 };
-use super::config::{AvroConfig, Format, KafkaConfig};
+use super::config::{AvroConfig, Format, KafkaConfig, OperatorConfig};
 use super::kafka::{client_config, ensure_topics, ClientRole, TopicSpec, REQUEST_TIMEOUT};
 use super::ServiceError;
 use crate::operators::{HeavyHitters, KeyedAggregation, OnlineJoin, OnlineLogisticRegression, Side, WordCount};
@@ -49,6 +49,19 @@ pub enum Workload {
     /// Tuples of two streams (`afstream.JoinTuple`), keyed by join key, for
     /// online_join; synthetic: Zipf-distributed keys.
     Join,
+}
+
+impl Workload {
+    /// The workload whose records an operator reads.
+    pub fn for_operator(operator: &OperatorConfig) -> Workload {
+        match operator {
+            OperatorConfig::WordCount(_) | OperatorConfig::Grep(_) | OperatorConfig::Tokenize(_) => Workload::Text,
+            OperatorConfig::HeavyHitters(_) => Workload::Packets,
+            OperatorConfig::KeyedAggregation(_) => Workload::Keyed,
+            OperatorConfig::LogisticRegression(_) => Workload::Vectors,
+            OperatorConfig::OnlineJoin(_) => Workload::Join,
+        }
+    }
 }
 
 /// Runs `$body` with `$operator` the operator whose input a workload is.

@@ -460,6 +460,11 @@ struct Flight {
     /// Outputs and dead letters whose delivery failed, to send again once the
     /// backoff has passed.
     resend: Vec<(Delivery, FailedRecord)>,
+    /// Dead letters sent and not yet acknowledged. While any is, the task's
+    /// local store is not written: a restart on the store resumes at its
+    /// offset, and must not pass a dead letter the broker may not have (an
+    /// output may be lost there, within γ; a dead letter never).
+    dead_letters_in_flight: usize,
     retry: RetryBackoff,
 }
 
@@ -675,6 +680,7 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
                 topics.dead_letters, self.partition
             ));
         }
+        self.flight.dead_letters_in_flight += 1;
         1
     }
 }
@@ -984,6 +990,11 @@ impl<O: ServiceOperator> Task<O> {
         if self.flight.changelog.is_empty() && !self.flight.unwritten {
             return resent;
         }
+        if self.store.is_some() && self.flight.dead_letters_in_flight > 0 {
+            // The store write (and the changelog records that wait for it)
+            // waits for the dead letters' acknowledgements.
+            return resent;
+        }
         if let Some((store, meta)) = &mut self.store {
             self.driver.stage_state();
             meta.next_offset = self.driver.controller().processed().offset;
@@ -1057,6 +1068,7 @@ impl<O: ServiceOperator> Task<O> {
                     self.metrics.outputs_acknowledged(1);
                 } else {
                     self.metrics.dead_letters_acknowledged(1);
+                    self.flight.dead_letters_in_flight = self.flight.dead_letters_in_flight.saturating_sub(1);
                 }
                 // A dead letter is held like an output of its record.
                 self.acknowledge(

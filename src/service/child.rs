@@ -1,0 +1,157 @@
+//! `afstream run` as a child process (for `afstream demo` and `afstream
+//! experiment`), and what its log says about recoveries.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::ServiceError;
+
+/// How long a run to the end may take.
+const STEP_DEADLINE: Duration = Duration::from_secs(300);
+
+/// A recovery as the service logged it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoggedRecovery {
+    pub partition: i32,
+    pub failures: u32,
+    pub resume_offset: u64,
+    pub bound_state: f64,
+    /// Outputs the failure may have lost or repeated.
+    pub bound_outputs: f64,
+}
+
+/// A numeric field `name=value` of a log line.
+fn log_field(line: &str, name: &str) -> Option<f64> {
+    let start = line.find(&format!(" {name}="))? + name.len() + 2;
+    line[start..].split_whitespace().next()?.parse().ok()
+}
+
+/// The recoveries a service log records.
+pub fn logged_recoveries(log: &str) -> Vec<LoggedRecovery> {
+    log.lines()
+        .filter(|line| line.contains("recovered from a failure"))
+        .filter_map(|line| {
+            Some(LoggedRecovery {
+                partition: log_field(line, "partition")? as i32,
+                failures: log_field(line, "failures")? as u32,
+                resume_offset: log_field(line, "resume_offset")? as u64,
+                bound_state: log_field(line, "bound_state")?,
+                bound_outputs: log_field(line, "bound_outputs").unwrap_or(0.0),
+            })
+        })
+        .collect()
+}
+
+/// An `afstream run` child process, killed when dropped.
+pub struct Run {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Run {
+    /// Starts `afstream run --config CONFIG [--stop-at-end]`, its log in `log`.
+    pub fn start(config: &Path, log: PathBuf, stop_at_end: bool) -> Result<Run, ServiceError> {
+        let exe = std::env::current_exe().map_err(|e| ServiceError::Child(format!("finding afstream itself: {e}")))?;
+        let log_file =
+            std::fs::File::create(&log).map_err(|e| ServiceError::Child(format!("{}: {e}", log.display())))?;
+        let mut command = Command::new(exe);
+        command
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file);
+        if stop_at_end {
+            command.arg("--stop-at-end");
+        }
+        let child = command
+            .spawn()
+            .map_err(|e| ServiceError::Child(format!("starting afstream run: {e}")))?;
+        Ok(Run {
+            child: Some(child),
+            log,
+        })
+    }
+
+    /// Fails if the child has exited.
+    pub fn check_alive(&mut self) -> Result<(), ServiceError> {
+        if let Some(child) = self.child.as_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Err(ServiceError::Child(format!(
+                    "afstream run exited early ({status}); see {}",
+                    self.log.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Tasks this run has started, by its log.
+    pub fn started_tasks(&self) -> usize {
+        std::fs::read_to_string(&self.log)
+            .map(|text| {
+                text.lines()
+                    .filter(|l| l.contains("task started") || l.contains("recovered from a failure"))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// SIGKILL.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Waits for a successful exit (at most `STEP_DEADLINE`).
+    pub fn wait(&mut self) -> Result<(), ServiceError> {
+        let deadline = Instant::now() + STEP_DEADLINE;
+        while let Some(child) = self.child.as_mut() {
+            match child.try_wait() {
+                Ok(Some(status)) if status.success() => self.child = None,
+                Ok(Some(status)) => {
+                    self.child = None;
+                    return Err(ServiceError::Child(format!(
+                        "afstream run failed ({status}); see {}",
+                        self.log.display()
+                    )));
+                }
+                _ if Instant::now() > deadline => {
+                    self.kill();
+                    return Err(ServiceError::Child(format!(
+                        "afstream run did not finish within {STEP_DEADLINE:?}; see {}",
+                        self.log.display()
+                    )));
+                }
+                _ => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl Run {
+    /// Whether the child has exited (successfully or not).
+    pub fn exited(&mut self) -> bool {
+        match self.child.as_mut().map(Child::try_wait) {
+            Some(Ok(Some(_))) | None => true,
+            Some(_) => false,
+        }
+    }
+
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+}

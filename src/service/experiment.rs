@@ -1,0 +1,374 @@
+//! `afstream experiment`: a config's pipeline on the same seeded input twice,
+//! failure-free and with K SIGKILLs at seeded points of its progress (each
+//! followed by a restart), both measured against the exact answer; every
+//! recovery's logged bound beside the error observed. The report is JSON (one
+//! object per run, with the thresholds) and Markdown.
+//!
+//! Each run has a consumer group, output, changelog and dead-letter topic of
+//! its own; both read one input topic written for the experiment.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use super::child::{logged_recoveries, LoggedRecovery, Run};
+use super::config::{self, Config};
+use super::exact::{exact, Answer, Comparison};
+use super::kafka::ChangelogLoader;
+use super::produce::{produce_from, Encoder, ProduceOptions, Workload};
+use super::ServiceError;
+
+/// The longest one run may take to reach a kill point.
+const KILL_DEADLINE: Duration = Duration::from_secs(300);
+
+#[derive(Clone, Debug)]
+pub struct ExperimentOptions {
+    /// The pipeline's config file (one pipeline).
+    pub config: PathBuf,
+    pub items: usize,
+    pub partitions: usize,
+    pub failures: usize,
+    pub seed: u64,
+    /// Configs, logs and the reports go here.
+    pub dir: PathBuf,
+}
+
+/// The thresholds a run used.
+#[derive(Clone, Debug, Serialize)]
+pub struct Thresholds {
+    pub mode: String,
+    pub theta: f64,
+    pub max_uncovered: u64,
+    pub max_unacked: u64,
+}
+
+/// One run of the pipeline over the experiment's input.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunOutcome {
+    pub label: String,
+    pub failures_injected: usize,
+    /// Every recovery its logs record, with the bound it logged.
+    pub recoveries: Vec<RecoveryRecord>,
+    /// The sum of the recoveries' state bounds.
+    pub bound_state: f64,
+    /// The sum of the recoveries' bounds on outputs lost or repeated.
+    pub bound_outputs: f64,
+    /// What the output may be off by: the state bound, plus α for every output
+    /// lost (a per-key output left stale moves that key by at most α).
+    pub output_error_bound: f64,
+    /// From the first start to the clean stop of the last run, restarts included.
+    pub seconds: f64,
+    pub items_per_second: f64,
+    pub comparison: Comparison,
+    /// For per-key outputs: whether the L1 error is within `output_error_bound`.
+    pub within_bound: Option<bool>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RecoveryRecord {
+    pub partition: i32,
+    pub failures: u32,
+    pub resume_offset: u64,
+    pub bound_state: f64,
+    pub bound_outputs: f64,
+}
+
+impl From<LoggedRecovery> for RecoveryRecord {
+    fn from(r: LoggedRecovery) -> Self {
+        RecoveryRecord {
+            partition: r.partition,
+            failures: r.failures,
+            resume_offset: r.resume_offset,
+            bound_state: r.bound_state,
+            bound_outputs: r.bound_outputs,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ExperimentReport {
+    pub kind: &'static str,
+    pub workload: String,
+    pub items: usize,
+    pub partitions: usize,
+    pub seed: u64,
+    pub thresholds: Thresholds,
+    /// The exact answer, without per-key values.
+    pub exact: Answer,
+    pub runs: Vec<RunOutcome>,
+}
+
+/// Runs the experiment; writes `report.json` and `report.md` into the
+/// options' directory and returns the report.
+pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, ServiceError> {
+    let env = |key: &str| std::env::var(key).ok();
+    let base = config::load(&options.config, &env)?;
+    if base.stage.is_some() {
+        return Err(ServiceError::Unsupported(
+            "experiment runs one pipeline; a chain's stages are not supported yet".into(),
+        ));
+    }
+    let text = std::fs::read_to_string(&options.config)
+        .map_err(|e| ServiceError::Unsupported(format!("{}: {e}", options.config.display())))?;
+    std::fs::create_dir_all(&options.dir)
+        .map_err(|e| ServiceError::Unsupported(format!("{}: {e}", options.dir.display())))?;
+    let workload = Workload::for_operator(&base.pipeline.operator);
+    if options.partitions > 1 && matches!(base.pipeline.operator, super::config::OperatorConfig::WordCount(_)) {
+        return Err(ServiceError::Unsupported(
+            "word_count counts per input partition and the synthetic lines are not keyed: run the experiment with \
+             --partitions 1 (or run a two-stage WordCount)"
+                .into(),
+        ));
+    }
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let name = format!("{}-experiment-{stamp}", base.kafka.group_id);
+    let input = format!("{name}-input");
+
+    let encoder =
+        Encoder::new(workload, base.pipeline.format, base.pipeline.avro.as_ref()).map_err(ServiceError::Unsupported)?;
+    let records = encoder
+        .synthetic(options.items, options.seed)
+        .map_err(ServiceError::Unsupported)?;
+    produce_from(
+        &base.kafka,
+        &input,
+        options.partitions,
+        records.into_iter().map(Ok),
+        &ProduceOptions::default(),
+    )?;
+
+    let alpha = super::check::plan(&base, options.partitions)?.constants.alpha;
+    let mut runs = Vec::new();
+    let mut answer = None;
+    for (label, failures) in [("failure-free", 0), ("with failures", options.failures)] {
+        let group = format!("{name}-{}", label.replace(' ', "-"));
+        let path = options.dir.join(format!("{group}.toml"));
+        write_run_config(&text, &path, &group, &input, &options.dir.join(&group))?;
+        let config = config::load(&path, &env)?;
+        let started = Instant::now();
+        let logs = run_with_kills(&config, &path, options, failures, &group)?;
+        let seconds = started.elapsed().as_secs_f64();
+        let recoveries: Vec<RecoveryRecord> = logs
+            .iter()
+            .filter_map(|log| std::fs::read_to_string(log).ok())
+            .flat_map(|text| logged_recoveries(&text))
+            .map(RecoveryRecord::from)
+            .collect();
+        let report = exact(&config, true)?;
+        // `+ 0.0`: an empty sum is -0.0.
+        let bound_state = recoveries.iter().map(|r| r.bound_state).sum::<f64>() + 0.0;
+        let bound_outputs = recoveries.iter().map(|r| r.bound_outputs).sum::<f64>() + 0.0;
+        let output_error_bound = bound_state + alpha * bound_outputs;
+        let comparison = report
+            .comparison
+            .ok_or_else(|| ServiceError::Unsupported("no comparison".into()))?;
+        let within_bound = match &comparison {
+            Comparison::PerKey { l1_error, .. } => Some(*l1_error <= output_error_bound + 1e-9),
+            _ => None,
+        };
+        answer.get_or_insert(report.answer);
+        runs.push(RunOutcome {
+            label: label.to_string(),
+            failures_injected: failures,
+            recoveries,
+            bound_state,
+            bound_outputs,
+            output_error_bound,
+            seconds,
+            items_per_second: options.items as f64 / seconds.max(1e-9),
+            comparison,
+            within_bound,
+        });
+    }
+    let ft = &base.pipeline.fault_tolerance;
+    let report = ExperimentReport {
+        kind: base.pipeline.operator.kind(),
+        workload: format!("{workload:?}"),
+        items: options.items,
+        partitions: options.partitions,
+        seed: options.seed,
+        thresholds: Thresholds {
+            mode: format!("{:?}", ft.mode),
+            theta: ft.theta,
+            max_uncovered: ft.max_uncovered,
+            max_unacked: ft.max_unacked,
+        },
+        exact: summary(answer.unwrap_or(Answer::Matches { lines: 0 })),
+        runs,
+    };
+    let json = serde_json::to_string_pretty(&report).map_err(|e| ServiceError::Unsupported(e.to_string()))?;
+    write(&options.dir.join("report.json"), &json)?;
+    write(&options.dir.join("report.md"), &markdown(&report))?;
+    Ok(report)
+}
+
+fn write(path: &Path, text: &str) -> Result<(), ServiceError> {
+    std::fs::write(path, text).map_err(|e| ServiceError::Unsupported(format!("{}: {e}", path.display())))
+}
+
+/// The answer without its per-key values (the JSON stays small).
+fn summary(answer: Answer) -> Answer {
+    match answer {
+        Answer::PerKey { keys, total, .. } => Answer::PerKey {
+            keys,
+            total,
+            values: Default::default(),
+        },
+        other => other,
+    }
+}
+
+/// The config of one run: the user's, with its own group, the experiment's
+/// input, its own output, changelog and dead-letter topics and state directory.
+fn write_run_config(text: &str, path: &Path, group: &str, input: &str, state: &Path) -> Result<(), ServiceError> {
+    let bad = |e: String| ServiceError::Unsupported(format!("rewriting the config for {group}: {e}"));
+    let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| bad(e.to_string()))?;
+    let section = |table: &mut toml::Table, name: &str| -> Result<toml::Table, ServiceError> {
+        match table.remove(name) {
+            Some(toml::Value::Table(t)) => Ok(t),
+            _ => Err(bad(format!("no [{name}] table"))),
+        }
+    };
+    let mut kafka = section(&mut table, "kafka")?;
+    kafka.insert("group_id".into(), group.into());
+    table.insert("kafka".into(), toml::Value::Table(kafka));
+    let mut pipeline = section(&mut table, "pipeline")?;
+    pipeline.insert("input_topic".into(), input.into());
+    pipeline.insert("output_topic".into(), format!("{group}-output").into());
+    pipeline.remove("changelog_topic");
+    pipeline.remove("dead_letter_topic");
+    if pipeline.contains_key("state_dir") {
+        pipeline.insert("state_dir".into(), state.display().to_string().into());
+    }
+    table.insert("pipeline".into(), toml::Value::Table(pipeline));
+    // One process runs at a time: no exporter port to share.
+    table.remove("metrics");
+    write(path, &toml::to_string(&table).map_err(|e| bad(e.to_string()))?)
+}
+
+/// Runs the pipeline to the end of its input with `failures` SIGKILLs at
+/// seeded points of its progress (the input offsets its markers cover),
+/// each followed by a restart; returns the runs' logs.
+fn run_with_kills(
+    config: &Config,
+    path: &Path,
+    options: &ExperimentOptions,
+    failures: usize,
+    group: &str,
+) -> Result<Vec<PathBuf>, ServiceError> {
+    let changelog_topic = config.pipeline.changelog_topic(group);
+    // Made once the first run has started its tasks (and so created the
+    // changelog): a client made before the topic exists would not see it.
+    let mut changelog: Option<ChangelogLoader> = None;
+    let progress = |changelog: &ChangelogLoader| -> u64 {
+        (0..options.partitions as i32)
+            .filter_map(|p| changelog.last_marker(p).ok().flatten())
+            .map(|marker| marker.input_offset)
+            .sum()
+    };
+    let mut rng = StdRng::seed_from_u64(options.seed ^ 0xfa11);
+    let mut points: Vec<f64> = (0..failures).map(|_| rng.gen_range(0.05..0.9)).collect();
+    points.sort_by(f64::total_cmp);
+    let items = options.items as u64;
+    let mut logs = Vec::new();
+    for (i, fraction) in points.iter().enumerate() {
+        let log = options.dir.join(format!("{group}-{}.log", i + 1));
+        let mut run = Run::start(path, log.clone(), true)?;
+        logs.push(log);
+        let target = (fraction * items as f64) as u64;
+        let deadline = Instant::now() + KILL_DEADLINE;
+        loop {
+            if run.exited() {
+                // The input ended before this kill point: no more kills.
+                run.wait()?;
+                return Ok(logs);
+            }
+            if run.started_tasks() >= options.partitions {
+                if changelog.is_none() {
+                    changelog = Some(ChangelogLoader::new(&config.kafka, &changelog_topic)?);
+                }
+                if changelog.as_ref().is_some_and(|c| progress(c) >= target) {
+                    run.kill();
+                    break;
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(ServiceError::Child(format!(
+                    "{group}: {target} items not covered within {KILL_DEADLINE:?}; see {}",
+                    run.log().display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let log = options.dir.join(format!("{group}-final.log"));
+    Run::start(path, log.clone(), true)?.wait()?;
+    logs.push(log);
+    Ok(logs)
+}
+
+/// The report as a Markdown table.
+pub fn markdown(report: &ExperimentReport) -> String {
+    let t = &report.thresholds;
+    let mut out = format!(
+        "# afstream experiment: {} ({} workload)\n\n{} items on {} partitions, seed {}; mode {}, Θ = {}, L = {}, Γ = {}.\n\n",
+        report.kind, report.workload, report.items, report.partitions, report.seed, t.mode, t.theta, t.max_uncovered,
+        t.max_unacked
+    );
+    out.push_str("| run | failures injected | recoveries logged | output against the exact answer | bound (state + α·outputs, logged) | within | items/s (restarts included) |\n");
+    out.push_str("| --- | --- | --- | --- | --- | --- | --- |\n");
+    for run in &report.runs {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {:.1} | {} | {:.0} |\n",
+            run.label,
+            run.failures_injected,
+            run.recoveries.len(),
+            describe(&run.comparison),
+            run.output_error_bound,
+            run.within_bound.map_or("-", |w| if w { "yes" } else { "**no**" }),
+            run.items_per_second
+        ));
+    }
+    out
+}
+
+fn describe(comparison: &Comparison) -> String {
+    match comparison {
+        Comparison::PerKey {
+            l1_error,
+            max_error,
+            missing,
+            ..
+        } => format!("L1 error {l1_error:.4}, largest {max_error:.4}, {missing} keys without output"),
+        Comparison::HeavyHitters {
+            precision,
+            recall,
+            f1,
+            worst_relative_error,
+            ..
+        } => format!(
+            "precision {precision:.3}, recall {recall:.3}, F1 {f1:.3}, worst estimate error {worst_relative_error:.4}"
+        ),
+        Comparison::Matches {
+            output_lines,
+            difference,
+        } => format!("{output_lines} lines ({difference:+})"),
+        Comparison::Predictions { output_items, accuracy } => {
+            format!("{output_items} predictions, accuracy {accuracy:.4}")
+        }
+        Comparison::Join {
+            count_relative_error,
+            sum_relative_error,
+            ..
+        } => match (count_relative_error, sum_relative_error) {
+            (Some(c), Some(s)) => format!("COUNT relative error {c:.4}, SUM {s:.4}"),
+            _ => "per-partition estimates".into(),
+        },
+    }
+}

@@ -1,0 +1,85 @@
+//! `afstream experiment` on a real broker: the same seeded input failure-free
+//! and with SIGKILLs, both against the exact answer, in a JSON report.
+
+mod common;
+
+use std::process::Command;
+
+use common::{test_dir, unique, Broker};
+
+#[test]
+fn an_experiment_with_two_kills_reports_each_recovery_and_stays_within_its_bound() {
+    let dir = test_dir("experiment");
+    let broker = Broker::start(&dir);
+    let config = dir.join("sums.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[kafka]
+bootstrap_servers = "{address}"
+group_id = "{group}"
+properties = {{ "consumer.fetch.wait.max.ms" = "10" }}
+
+[pipeline]
+input_topic = "unused"
+output_topic = "unused-out"
+format = "json"
+
+[pipeline.operator]
+kind = "keyed_aggregation"
+aggregate = "count"
+
+[pipeline.fault_tolerance]
+mode = "approximate"
+theta = 400.0
+max_uncovered = 200
+max_unacked = 2000
+"#,
+            address = broker.address,
+            group = unique("experiment")
+        ),
+    )
+    .expect("write the config");
+    let out_dir = dir.join("report");
+    let output = Command::new("timeout")
+        .args(["600", env!("CARGO_BIN_EXE_afstream"), "experiment", "--config"])
+        .arg(&config)
+        .args(["--items", "12000", "--failures", "2", "--seed", "7", "--dir"])
+        .arg(&out_dir)
+        .env_remove("AFSTREAM_BOOTSTRAP_SERVERS")
+        .output()
+        .expect("afstream experiment");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "experiment failed: {}\n{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("| with failures | 2 |"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json")).expect("report.json"))
+            .expect("JSON");
+    assert_eq!(report["thresholds"]["theta"], 400.0);
+    assert_eq!(report["exact"]["type"], "per_key");
+    let runs = report["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2);
+    let (clean, failed) = (&runs[0], &runs[1]);
+    assert_eq!(
+        clean["comparison"]["l1_error"], 0.0,
+        "a failure-free run is exact: {clean}"
+    );
+    assert!(clean["recoveries"].as_array().is_some_and(Vec::is_empty));
+    let recoveries = failed["recoveries"].as_array().expect("recoveries");
+    assert!(!recoveries.is_empty(), "the kills were recovered from: {failed}");
+    assert!(
+        recoveries
+            .iter()
+            .all(|r| r["bound_state"].as_f64().is_some_and(|b| b > 0.0)),
+        "each recovery logged its bound: {failed}"
+    );
+    assert_eq!(failed["within_bound"], true, "{failed}");
+    let markdown = std::fs::read_to_string(out_dir.join("report.md")).expect("report.md");
+    assert!(markdown.contains("| failure-free | 0 | 0 |"), "{markdown}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
