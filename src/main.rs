@@ -122,9 +122,14 @@ struct ExperimentArgs {
     items: usize,
     #[arg(long, default_value_t = 2)]
     partitions: usize,
-    /// SIGKILLs in the run with failures, at seeded points of its progress.
-    #[arg(long, default_value_t = 3)]
-    failures: usize,
+    /// SIGKILLs per run with failures, at seeded points of its progress: one
+    /// run per count given (e.g. 1,3,10).
+    #[arg(long, value_delimiter = ',', default_value = "3")]
+    failures: Vec<usize>,
+    /// Delete the run's local state directory at every kill (node loss): each
+    /// restart restores from the changelog.
+    #[arg(long)]
+    node_loss: bool,
     #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Where the runs' configs and logs and the reports go.
@@ -399,7 +404,8 @@ fn experiment(args: &ExperimentArgs) -> Result<(), Box<dyn std::error::Error>> {
         config: args.config.clone(),
         items: args.items,
         partitions: args.partitions,
-        failures: args.failures,
+        failures: args.failures.clone(),
+        node_loss: args.node_loss,
         seed: args.seed,
         dir: args.dir.clone(),
     })?;

@@ -56,7 +56,7 @@ max_unacked = 2000
         "experiment failed: {}\n{stdout}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(stdout.contains("| with failures | 2 |"), "{stdout}");
+    assert!(stdout.contains("| 2 failures | 2 |"), "{stdout}");
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json")).expect("report.json"))
             .expect("JSON");

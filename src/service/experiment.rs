@@ -30,7 +30,11 @@ pub struct ExperimentOptions {
     pub config: PathBuf,
     pub items: usize,
     pub partitions: usize,
-    pub failures: usize,
+    /// One run with failures per count given (besides the failure-free run).
+    pub failures: Vec<usize>,
+    /// Node loss: the run's local state directory is deleted at every kill,
+    /// so each restart restores from the changelog.
+    pub node_loss: bool,
     pub seed: u64,
     /// Configs, logs and the reports go here.
     pub dir: PathBuf,
@@ -146,13 +150,19 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
     let alpha = super::check::plan(&base, options.partitions)?.constants.alpha;
     let mut runs = Vec::new();
     let mut answer = None;
-    for (label, failures) in [("failure-free", 0), ("with failures", options.failures)] {
+    let mut plan = vec![("failure-free".to_string(), 0)];
+    for &failures in &options.failures {
+        let kind = if options.node_loss { "node losses" } else { "failures" };
+        plan.push((format!("{failures} {kind}"), failures));
+    }
+    for (label, failures) in plan {
         let group = format!("{name}-{}", label.replace(' ', "-"));
         let path = options.dir.join(format!("{group}.toml"));
         write_run_config(&text, &path, &group, &input, &options.dir.join(&group))?;
         let config = config::load(&path, &env)?;
         let started = Instant::now();
-        let logs = run_with_kills(&config, &path, options, failures, &group)?;
+        let state = config.pipeline.state_dir.clone();
+        let logs = run_with_kills(&config, &path, options, failures, &group, state.as_deref())?;
         let seconds = started.elapsed().as_secs_f64();
         let recoveries: Vec<RecoveryRecord> = logs
             .iter()
@@ -174,7 +184,7 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
         };
         answer.get_or_insert(report.answer);
         runs.push(RunOutcome {
-            label: label.to_string(),
+            label,
             failures_injected: failures,
             recoveries,
             bound_state,
@@ -261,6 +271,7 @@ fn run_with_kills(
     options: &ExperimentOptions,
     failures: usize,
     group: &str,
+    state_dir: Option<&Path>,
 ) -> Result<Vec<PathBuf>, ServiceError> {
     let changelog_topic = config.pipeline.changelog_topic(group);
     // Made once the first run has started its tasks (and so created the
@@ -295,6 +306,18 @@ fn run_with_kills(
                 }
                 if changelog.as_ref().is_some_and(|c| progress(c) >= target) {
                     run.kill();
+                    if let Some(dir) = state_dir.filter(|_| options.node_loss) {
+                        // The machine is gone with its disk: restore from the changelog.
+                        std::fs::remove_dir_all(dir)
+                            .or_else(|e| {
+                                if e.kind() == std::io::ErrorKind::NotFound {
+                                    Ok(())
+                                } else {
+                                    Err(e)
+                                }
+                            })
+                            .map_err(|e| ServiceError::Child(format!("deleting {}: {e}", dir.display())))?;
+                    }
                     break;
                 }
             }
