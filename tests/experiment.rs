@@ -7,13 +7,9 @@ use std::process::Command;
 
 use common::{test_dir, unique, Broker};
 
-#[test]
-fn an_experiment_with_two_kills_reports_each_recovery_and_stays_within_its_bound() {
-    let dir = test_dir("experiment");
-    let broker = Broker::start(&dir);
-    let config = dir.join("sums.toml");
+fn write_config(config: &std::path::Path, broker: &Broker) {
     std::fs::write(
-        &config,
+        config,
         format!(
             r#"
 [kafka]
@@ -41,15 +37,33 @@ max_unacked = 2000
         ),
     )
     .expect("write the config");
-    let out_dir = dir.join("report");
-    let output = Command::new("timeout")
+}
+
+/// Runs `afstream experiment` with two kills; `env` is added to its environment.
+fn experiment(config: &std::path::Path, out_dir: &std::path::Path, env: &[(&str, &str)]) -> std::process::Output {
+    Command::new("timeout")
         .args(["600", env!("CARGO_BIN_EXE_afstream"), "experiment", "--config"])
-        .arg(&config)
+        .arg(config)
         .args(["--items", "12000", "--failures", "2", "--seed", "7", "--dir"])
-        .arg(&out_dir)
+        .arg(out_dir)
         .env_remove("AFSTREAM_BOOTSTRAP_SERVERS")
+        .envs(env.iter().copied())
         .output()
-        .expect("afstream experiment");
+        .expect("afstream experiment")
+}
+
+fn report(out_dir: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json")).expect("report.json")).expect("JSON")
+}
+
+#[test]
+fn an_experiment_with_two_kills_reports_each_recovery_and_stays_within_its_bound() {
+    let dir = test_dir("experiment");
+    let broker = Broker::start(&dir);
+    let config = dir.join("sums.toml");
+    write_config(&config, &broker);
+    let out_dir = dir.join("report");
+    let output = experiment(&config, &out_dir, &[]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -57,9 +71,7 @@ max_unacked = 2000
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout.contains("| 2 failures | 2 |"), "{stdout}");
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json")).expect("report.json"))
-            .expect("JSON");
+    let report = report(&out_dir);
     assert_eq!(report["thresholds"]["theta"], 400.0);
     assert_eq!(report["exact"]["type"], "per_key");
     let runs = report["runs"].as_array().expect("runs");
@@ -81,5 +93,35 @@ max_unacked = 2000
     assert_eq!(failed["within_bound"], true, "{failed}");
     let markdown = std::fs::read_to_string(out_dir.join("report.md")).expect("report.md");
     assert!(markdown.contains("| failure-free | 0 | 0 |"), "{markdown}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The same experiment with backups that write nothing (while the bounds are
+/// still claimed and logged): the output is far off and the report says so.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn an_experiment_whose_backups_write_nothing_is_reported_outside_its_bound() {
+    let dir = test_dir("experiment-broken");
+    let broker = Broker::start(&dir);
+    let config = dir.join("sums.toml");
+    write_config(&config, &broker);
+    let out_dir = dir.join("report");
+    let output = experiment(
+        &config,
+        &out_dir,
+        &[(afstream::service::runner::FAULT_SKIP_BACKUPS, "1")],
+    );
+    assert!(
+        output.status.success(),
+        "experiment failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report = report(&out_dir);
+    let failed = &report["runs"][1];
+    assert!(
+        failed["recoveries"].as_array().is_some_and(|r| !r.is_empty()),
+        "the kills were recovered from: {failed}"
+    );
+    assert_eq!(failed["within_bound"], false, "a broken bound must be caught: {failed}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -116,6 +116,11 @@ struct Stores {
 /// point (its local store, or the changelog's last marker) and sets it before
 /// the partition is assigned, so no record is fetched from anywhere else; the
 /// task streams the changelog into its state when it starts.
+/// Set in the environment of a build with the `fault-injection` feature, it
+/// makes every task's backups write nothing (for tests that must fail).
+#[cfg(feature = "fault-injection")]
+pub const FAULT_SKIP_BACKUPS: &str = "AFSTREAM_FAULT_SKIP_BACKUPS";
+
 /// The longest a newly assigned partition waits for its previous owner to
 /// stop writing its changelog (see `ChangelogLoader::settled_marker`).
 const HANDOFF_PATIENCE: Duration = Duration::from_secs(20);
@@ -910,7 +915,18 @@ impl<O: ServiceOperator> Task<O> {
                 })?;
             restore_seconds += started.elapsed().as_secs_f64();
         }
-        let driver = TaskDriver::start(controller, operator, &plan, now_ms, &mut io).map_err(restore_error)?;
+        #[allow(unused_mut)]
+        let mut driver = TaskDriver::start(controller, operator, &plan, now_ms, &mut io).map_err(restore_error)?;
+        #[cfg(feature = "fault-injection")]
+        if std::env::var_os(FAULT_SKIP_BACKUPS).is_some() {
+            // Test builds only: backups write nothing while the bounds are still
+            // claimed, so the tests can show that a broken bound is caught.
+            tracing::warn!(
+                partition = assigned.partition,
+                "{FAULT_SKIP_BACKUPS} is set: backups write nothing"
+            );
+            driver.inject_faults(crate::core::driver::DriverFaults { skip_backups: true });
+        }
         let thresholds = driver.controller().thresholds();
         TaskMetrics::started(
             &shared.group,
