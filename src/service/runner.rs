@@ -3,7 +3,7 @@
 //! markers and stores offsets. The loop here only moves records and
 //! acknowledgements between Kafka and the drivers; every decision is the core's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -106,6 +106,16 @@ struct Assigned {
     local: bool,
 }
 
+/// Where a parked task (its partition lost) stopped.
+#[derive(Clone, Copy, Debug)]
+struct Parked {
+    /// The next input offset it has not processed.
+    next_offset: u64,
+    /// The changelog partition's end when it was parked: if another member
+    /// wrote the changelog since, the task's state is stale.
+    changelog_end: i64,
+}
+
 /// Where the local stores of the pipeline's tasks live, and their budget.
 struct Stores {
     root: PathBuf,
@@ -132,8 +142,16 @@ struct GroupContext {
     controller: ControllerConfig,
     stores: Option<Stores>,
     assigned: Mutex<Vec<Assigned>>,
-    /// Partitions lost (the session expired): dropped at once.
+    /// Partitions revoked while the loop is over: dropped at once.
     revoked: Mutex<Vec<i32>>,
+    /// Partitions lost (the group went on without this member): their tasks
+    /// are kept (parked) in case the partitions come back.
+    lost: Mutex<Vec<i32>>,
+    /// Where each parked task stopped, for a rebalance that gives its partition back.
+    parked: Mutex<HashMap<i32, Parked>>,
+    /// Partitions given back whose parked task goes on (nothing else wrote
+    /// their changelog meanwhile), with the input's end at the time.
+    regained: Mutex<Vec<(i32, u64)>>,
     /// Partitions revoked in a rebalance: handed off once their final backup is
     /// acknowledged, then released (`Revocation::release`).
     revoking: Mutex<Option<Revocation>>,
@@ -193,6 +211,23 @@ impl GroupContext {
         }
     }
 
+    /// Where a parked task of `partition` goes on, if it may: nothing was
+    /// written to its changelog since it was parked.
+    fn regain(&self, partition: i32) -> Result<Option<u64>, String> {
+        let Some(parked) = self.parked.lock().ok().and_then(|mut p| p.remove(&partition)) else {
+            return Ok(None);
+        };
+        let end = self.loader.end_offset(partition).map_err(|e| e.to_string())?;
+        if end == parked.changelog_end {
+            return Ok(Some(parked.next_offset));
+        }
+        tracing::info!(
+            partition,
+            "partition given back, but another member wrote its changelog meanwhile: its kept task is dropped"
+        );
+        Ok(None)
+    }
+
     /// The changelog's last marker, once no previous owner writes the partition.
     fn settled_marker(&self, partition: i32) -> Result<Option<BackupMarker>, String> {
         self.loader
@@ -211,6 +246,17 @@ impl GroupContext {
             .collect();
         let mut assigned = Vec::with_capacity(partitions.len());
         for partition in partitions {
+            if let Some(resume) = self.regain(partition)? {
+                let (_, end) = consumer
+                    .fetch_watermarks(&self.input_topic, partition, REQUEST_TIMEOUT)
+                    .map_err(|e| format!("input partition {partition}: {e}"))?;
+                tpl.set_partition_offset(&self.input_topic, partition, Offset::Offset(resume as i64))
+                    .map_err(|e| format!("input partition {partition}: {e}"))?;
+                if let Ok(mut regained) = self.regained.lock() {
+                    regained.push((partition, end.max(0) as u64));
+                }
+                continue;
+            }
             let restore_started = Instant::now();
             let local = match &self.stores {
                 Some(stores) => Some(self.open_store(stores, partition)?),
@@ -413,8 +459,13 @@ impl ConsumerContext for GroupContext {
                     );
                 }
                 self.flush_producers();
-                if let Ok(mut revoked) = self.revoked.lock() {
-                    revoked.extend(tpl.elements().iter().map(|e| e.partition()));
+                let list = if consumer.assignment_lost() && !self.closing.load(Ordering::Relaxed) {
+                    &self.lost
+                } else {
+                    &self.revoked
+                };
+                if let Ok(mut list) = list.lock() {
+                    list.extend(tpl.elements().iter().map(|e| e.partition()));
                 }
                 let result = match consumer.rebalance_protocol() {
                     RebalanceProtocol::Cooperative => consumer.incremental_unassign(tpl),
@@ -1350,6 +1401,9 @@ pub fn run_pipeline<O: ServiceOperator>(
         },
         assigned: Mutex::new(Vec::new()),
         revoked: Mutex::new(Vec::new()),
+        lost: Mutex::new(Vec::new()),
+        parked: Mutex::new(HashMap::new()),
+        regained: Mutex::new(Vec::new()),
         revoking: Mutex::new(None),
         closing: AtomicBool::new(false),
         failure: Mutex::new(None),
@@ -1404,6 +1458,8 @@ pub fn run_pipeline<O: ServiceOperator>(
     let mut worked = true;
     let mut idle_rounds: u32 = 0;
     let mut handoff: Option<Revocation> = None;
+    // Tasks of lost partitions, kept in case the group gives them back.
+    let mut parked_tasks: BTreeMap<i32, Task<O>> = BTreeMap::new();
     loop {
         // Nothing happened last round: back off from 100 µs to 5 ms. Input waiting
         // on an acknowledgement resumes within a fraction of a millisecond of it
@@ -1440,6 +1496,69 @@ pub fn run_pipeline<O: ServiceOperator>(
                 );
             }
         }
+        let lost = context
+            .lost
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r))
+            .unwrap_or_default();
+        if !lost.is_empty() {
+            // The loss flushed the producers: the tasks get their delivery
+            // reports before they are parked, and the changelog's end is final.
+            worked |= deliver_reports(&shared, &mut tasks, &mut events, now_ms);
+        }
+        for partition in lost {
+            let Some(task) = tasks.remove(&partition) else { continue };
+            match context.loader.end_offset(partition) {
+                Ok(changelog_end) if task.store.is_none() && !task.driver.is_stopped() => {
+                    let next_offset = task.driver.controller().processed().offset;
+                    tracing::info!(
+                        partition,
+                        next_offset,
+                        "partition lost; its task is kept: if the partition comes back and nothing else wrote its \
+                         changelog, it goes on where it stopped"
+                    );
+                    if let Ok(mut parked) = context.parked.lock() {
+                        parked.insert(
+                            partition,
+                            Parked {
+                                next_offset,
+                                changelog_end,
+                            },
+                        );
+                    }
+                    parked_tasks.insert(partition, task);
+                }
+                // A task on a local store restarts on it exactly anyway.
+                _ => tracing::info!(partition, "partition lost; its next owner restores it"),
+            }
+        }
+        for (partition, end) in context
+            .regained
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r))
+            .unwrap_or_default()
+        {
+            let Some(mut task) = parked_tasks.remove(&partition) else {
+                continue;
+            };
+            let queue = consumer
+                .split_partition_queue(&topics.input, partition)
+                .ok_or_else(|| ServiceError::Unsupported(format!("no queue for input partition {partition}")))?;
+            let next_offset = task.driver.controller().processed().offset;
+            task.queue = queue;
+            task.batch = InputBatch::new(next_offset);
+            task.end = end;
+            tracing::info!(
+                partition,
+                next_offset,
+                "partition given back: its kept task goes on where it stopped (nothing else wrote its changelog); no \
+                 failure"
+            );
+            if stopping.is_some() {
+                task.begin_stop(&shared);
+            }
+            tasks.insert(partition, task);
+        }
         for assigned in context
             .assigned
             .lock()
@@ -1447,6 +1566,8 @@ pub fn run_pipeline<O: ServiceOperator>(
             .unwrap_or_default()
         {
             let partition = assigned.partition;
+            // A kept task whose partition came back after another member wrote its changelog.
+            parked_tasks.remove(&partition);
             let queue = consumer
                 .split_partition_queue(&topics.input, partition)
                 .ok_or_else(|| ServiceError::Unsupported(format!("no queue for input partition {partition}")))?;
