@@ -130,6 +130,12 @@ struct ExperimentArgs {
     /// restart restores from the changelog.
     #[arg(long)]
     node_loss: bool,
+    /// Sweep Θ: the runs are repeated for each value (e.g. 1000,10000).
+    #[arg(long, value_delimiter = ',')]
+    theta: Vec<f64>,
+    /// Sweep L: the runs are repeated for each value.
+    #[arg(long, value_delimiter = ',')]
+    max_uncovered: Vec<u64>,
     #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Where the runs' configs and logs and the reports go.
@@ -406,6 +412,8 @@ fn experiment(args: &ExperimentArgs) -> Result<(), Box<dyn std::error::Error>> {
         partitions: args.partitions,
         failures: args.failures.clone(),
         node_loss: args.node_loss,
+        thetas: args.theta.clone(),
+        max_uncovered: args.max_uncovered.clone(),
         seed: args.seed,
         dir: args.dir.clone(),
     })?;

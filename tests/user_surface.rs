@@ -172,6 +172,30 @@ fn a_csv_file_produced_as_confluent_avro_gives_the_exact_answer_through_the_pipe
         "{comparison}"
     );
 
+    // --rate paces the records: 500 at 1 000 a second take at least half a second.
+    let paced = afstream(&[
+        "produce",
+        "--bootstrap-servers",
+        &broker.address,
+        "--topic",
+        &format!("{group}-paced"),
+        "--workload",
+        "text",
+        "--items",
+        "500",
+        "--rate",
+        "1000",
+    ]);
+    assert!(paced.status.success(), "paced produce failed: {}", text(&paced.stderr));
+    let said = text(&paced.stdout);
+    let seconds: f64 = said
+        .split(" in ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no duration in {said:?}"));
+    assert!(seconds >= 0.49, "500 records at 1 000/s took {seconds} s: {said}");
+
     // A bad row stops produce with its line; the rows before it are written.
     let bad = dir.join("bad.csv");
     std::fs::write(&bad, "key,value\na,1\nb,lots\nc,2\n").expect("write the CSV");

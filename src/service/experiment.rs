@@ -35,6 +35,10 @@ pub struct ExperimentOptions {
     /// Node loss: the run's local state directory is deleted at every kill,
     /// so each restart restores from the changelog.
     pub node_loss: bool,
+    /// Sweeps: the runs are repeated for each Θ and each L given (the
+    /// config's own when none is).
+    pub thetas: Vec<f64>,
+    pub max_uncovered: Vec<u64>,
     pub seed: u64,
     /// Configs, logs and the reports go here.
     pub dir: PathBuf,
@@ -53,6 +57,9 @@ pub struct Thresholds {
 #[derive(Clone, Debug, Serialize)]
 pub struct RunOutcome {
     pub label: String,
+    /// The Θ and L this run used.
+    pub theta: f64,
+    pub max_uncovered: u64,
     pub failures_injected: usize,
     /// Every recovery its logs record, with the bound it logged.
     pub recoveries: Vec<RecoveryRecord>,
@@ -67,6 +74,11 @@ pub struct RunOutcome {
     pub seconds: f64,
     pub items_per_second: f64,
     pub comparison: Comparison,
+    /// Backups, their entries and markers, by the clean stop of the run's last
+    /// process (a killed process reports none).
+    pub backups: u64,
+    pub backup_entries: u64,
+    pub markers: u64,
     /// For per-key outputs: whether the L1 error is within `output_error_bound`.
     pub within_bound: Option<bool>,
 }
@@ -150,15 +162,37 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
     let alpha = super::check::plan(&base, options.partitions)?.constants.alpha;
     let mut runs = Vec::new();
     let mut answer = None;
-    let mut plan = vec![("failure-free".to_string(), 0)];
-    for &failures in &options.failures {
-        let kind = if options.node_loss { "node losses" } else { "failures" };
-        plan.push((format!("{failures} {kind}"), failures));
+    let ft = &base.pipeline.fault_tolerance;
+    let thetas = if options.thetas.is_empty() {
+        vec![ft.theta]
+    } else {
+        options.thetas.clone()
+    };
+    let ls = if options.max_uncovered.is_empty() {
+        vec![ft.max_uncovered]
+    } else {
+        options.max_uncovered.clone()
+    };
+    let sweep = thetas.len() > 1 || ls.len() > 1;
+    let mut plan = Vec::new();
+    for &theta in &thetas {
+        for &l in &ls {
+            let at = if sweep {
+                format!(", Θ={theta}, L={l}")
+            } else {
+                String::new()
+            };
+            plan.push((format!("failure-free{at}"), 0, theta, l));
+            for &failures in &options.failures {
+                let kind = if options.node_loss { "node losses" } else { "failures" };
+                plan.push((format!("{failures} {kind}{at}"), failures, theta, l));
+            }
+        }
     }
-    for (label, failures) in plan {
-        let group = format!("{name}-{}", label.replace(' ', "-"));
+    for (index, (label, failures, theta, l)) in plan.into_iter().enumerate() {
+        let group = format!("{name}-run{}", index + 1);
         let path = options.dir.join(format!("{group}.toml"));
-        write_run_config(&text, &path, &group, &input, &options.dir.join(&group))?;
+        write_run_config(&text, &path, &group, &input, &options.dir.join(&group), (theta, l))?;
         let config = config::load(&path, &env)?;
         let started = Instant::now();
         let state = config.pipeline.state_dir.clone();
@@ -183,8 +217,27 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
             _ => None,
         };
         answer.get_or_insert(report.answer);
+        let last_log = logs
+            .last()
+            .and_then(|log| std::fs::read_to_string(log).ok())
+            .unwrap_or_default();
+        let stopped = |field: &str| -> u64 {
+            last_log
+                .lines()
+                .filter(|line| line.contains("task stopped cleanly"))
+                .filter_map(|line| {
+                    let start = line.find(&format!(" {field}="))? + field.len() + 2;
+                    line[start..].split_whitespace().next()?.parse::<u64>().ok()
+                })
+                .sum()
+        };
         runs.push(RunOutcome {
             label,
+            theta,
+            max_uncovered: l,
+            backups: stopped("backups"),
+            backup_entries: stopped("backup_entries"),
+            markers: stopped("markers"),
             failures_injected: failures,
             recoveries,
             bound_state,
@@ -196,7 +249,6 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
             within_bound,
         });
     }
-    let ft = &base.pipeline.fault_tolerance;
     let report = ExperimentReport {
         kind: base.pipeline.operator.kind(),
         workload: format!("{workload:?}"),
@@ -236,7 +288,14 @@ fn summary(answer: Answer) -> Answer {
 
 /// The config of one run: the user's, with its own group, the experiment's
 /// input, its own output, changelog and dead-letter topics and state directory.
-fn write_run_config(text: &str, path: &Path, group: &str, input: &str, state: &Path) -> Result<(), ServiceError> {
+fn write_run_config(
+    text: &str,
+    path: &Path,
+    group: &str,
+    input: &str,
+    state: &Path,
+    (theta, max_uncovered): (f64, u64),
+) -> Result<(), ServiceError> {
     let bad = |e: String| ServiceError::Unsupported(format!("rewriting the config for {group}: {e}"));
     let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| bad(e.to_string()))?;
     let section = |table: &mut toml::Table, name: &str| -> Result<toml::Table, ServiceError> {
@@ -255,6 +314,10 @@ fn write_run_config(text: &str, path: &Path, group: &str, input: &str, state: &P
     pipeline.remove("dead_letter_topic");
     if pipeline.contains_key("state_dir") {
         pipeline.insert("state_dir".into(), state.display().to_string().into());
+    }
+    if let Some(toml::Value::Table(ft)) = pipeline.get_mut("fault_tolerance") {
+        ft.insert("theta".into(), theta.into());
+        ft.insert("max_uncovered".into(), (max_uncovered as i64).into());
     }
     table.insert("pipeline".into(), toml::Value::Table(pipeline));
     // One process runs at a time: no exporter port to share.
@@ -344,18 +407,21 @@ pub fn markdown(report: &ExperimentReport) -> String {
         report.kind, report.workload, report.items, report.partitions, report.seed, t.mode, t.theta, t.max_uncovered,
         t.max_unacked
     );
-    out.push_str("| run | failures injected | recoveries logged | output against the exact answer | bound (state + α·outputs, logged) | within | items/s (restarts included) |\n");
-    out.push_str("| --- | --- | --- | --- | --- | --- | --- |\n");
+    out.push_str("| run | failures injected | recoveries logged | output against the exact answer | bound (state + α·outputs, logged) | within | items/s (restarts included) | backups / entries / markers (last process) |\n");
+    out.push_str("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for run in &report.runs {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {:.1} | {} | {:.0} |\n",
+            "| {} | {} | {} | {} | {:.1} | {} | {:.0} | {} / {} / {} |\n",
             run.label,
             run.failures_injected,
             run.recoveries.len(),
             describe(&run.comparison),
             run.output_error_bound,
             run.within_bound.map_or("-", |w| if w { "yes" } else { "**no**" }),
-            run.items_per_second
+            run.items_per_second,
+            run.backups,
+            run.backup_entries,
+            run.markers
         ));
     }
     out
