@@ -91,6 +91,11 @@ fn an_experiment_with_two_kills_reports_each_recovery_and_stays_within_its_bound
         "each recovery logged its bound: {failed}"
     );
     assert_eq!(failed["within_bound"], true, "{failed}");
+    let plot = std::fs::read_to_string(out_dir.join("accuracy-vs-failures.svg")).expect("the error plot");
+    assert!(
+        plot.starts_with("<svg") && plot.contains("failures injected"),
+        "an SVG plot of the error against failures"
+    );
     let markdown = std::fs::read_to_string(out_dir.join("report.md")).expect("report.md");
     assert!(markdown.contains("| failure-free | 0 | 0 |"), "{markdown}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -267,6 +267,7 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
     let json = serde_json::to_string_pretty(&report).map_err(|e| ServiceError::Unsupported(e.to_string()))?;
     write(&options.dir.join("report.json"), &json)?;
     write(&options.dir.join("report.md"), &markdown(&report))?;
+    super::plots::write_plots(&report, &options.dir).map_err(ServiceError::Unsupported)?;
     Ok(report)
 }
 

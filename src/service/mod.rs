@@ -9,6 +9,7 @@
 //! * [`exact`]: `afstream exact`, the exact answer from the input topic, and the output against it;
 //! * [`kafka`]: clients, topics, changelog reading, delivery reports;
 //! * [`metrics`]: the Prometheus exporter and each task's metrics;
+//! * [`plots`]: an experiment's SVG plots;
 //! * [`produce`]: synthetic workloads or files into an input topic;
 //! * [`runner`]: the consumer group and one core `TaskDriver` per partition;
 //! * [`state`]: the local state directory and its lock;
@@ -23,6 +24,7 @@ pub mod exact;
 pub mod experiment;
 pub mod kafka;
 pub mod metrics;
+pub mod plots;
 pub mod produce;
 pub mod runner;
 pub mod state;

@@ -1,0 +1,150 @@
+//! An experiment's plots, as SVG (plotters' SVG backend needs no system
+//! fonts): the answer's error against the failures injected, and, for sweeps,
+//! backups and throughput against Θ and against L.
+
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+
+use super::exact::Comparison;
+use super::experiment::{ExperimentReport, RunOutcome};
+
+/// A named line of (x, y) points.
+type Series = (String, Vec<(f64, f64)>);
+/// A number read off a run.
+type Measure = fn(&RunOutcome) -> f64;
+/// The line a run belongs on.
+type Label = fn(&RunOutcome) -> String;
+
+/// The one number a run's comparison is plotted by, and its name.
+pub fn accuracy(comparison: &Comparison) -> Option<(&'static str, f64)> {
+    match comparison {
+        Comparison::PerKey { l1_error, .. } => Some(("L1 error of the latest outputs", *l1_error)),
+        Comparison::HeavyHitters { f1, .. } => Some(("heavy hitters' F1", *f1)),
+        Comparison::Matches { difference, .. } => Some(("output lines off", difference.unsigned_abs() as f64)),
+        Comparison::Predictions { accuracy, .. } => Some(("prediction accuracy", *accuracy)),
+        Comparison::Join {
+            count_relative_error, ..
+        } => count_relative_error.map(|e| ("join COUNT relative error", e)),
+    }
+}
+
+/// Writes the plots the report has data for into `dir`; returns their paths.
+pub fn write_plots(report: &ExperimentReport, dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut written = Vec::new();
+    let key = |run: &RunOutcome| format!("Θ={} L={}", run.theta, run.max_uncovered);
+    // Error against failures, a line per (Θ, L).
+    let mut lines: Vec<Series> = Vec::new();
+    let mut metric = "error";
+    for run in &report.runs {
+        let Some((name, value)) = accuracy(&run.comparison) else {
+            continue;
+        };
+        metric = name;
+        let label = key(run);
+        match lines.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, points)) => points.push((run.failures_injected as f64, value)),
+            None => lines.push((label, vec![(run.failures_injected as f64, value)])),
+        }
+    }
+    if lines.iter().any(|(_, points)| points.len() > 1) {
+        let path = dir.join("accuracy-vs-failures.svg");
+        line_plot(
+            &path,
+            &format!("{}: {metric} against failures", report.kind),
+            "failures injected",
+            metric,
+            &lines,
+        )?;
+        written.push(path);
+    }
+    // Failure-free runs against Θ (a line per L) and against L (a line per Θ).
+    let clean: Vec<&RunOutcome> = report.runs.iter().filter(|r| r.failures_injected == 0).collect();
+    let sweeps: [(&str, Measure, Label); 2] = [
+        ("theta", |r| r.theta.log10(), |r| format!("L={}", r.max_uncovered)),
+        ("l", |r| (r.max_uncovered as f64).log10(), |r| format!("Θ={}", r.theta)),
+    ];
+    for (name, x, line) in sweeps {
+        let xs: Vec<f64> = clean.iter().map(|r| x(r)).collect();
+        if xs.iter().all(|v| (v - xs[0]).abs() < 1e-12) {
+            continue;
+        }
+        let axis = if name == "theta" { "log10 Θ" } else { "log10 L" };
+        for (what, y) in [
+            ("backups", (|r: &RunOutcome| r.backups as f64) as Measure),
+            ("items per second", |r: &RunOutcome| r.items_per_second),
+        ] {
+            let mut series: Vec<Series> = Vec::new();
+            for run in &clean {
+                let label = line(run);
+                let point = (x(run), y(run));
+                match series.iter_mut().find(|(l, _)| *l == label) {
+                    Some((_, points)) => points.push(point),
+                    None => series.push((label, vec![point])),
+                }
+            }
+            let file = format!("{}-vs-{name}.svg", what.replace(' ', "-"));
+            let path = dir.join(file);
+            line_plot(
+                &path,
+                &format!("{}, failure-free: {what} against {}", report.kind, &axis[6..]),
+                axis,
+                what,
+                &series,
+            )?;
+            written.push(path);
+        }
+    }
+    Ok(written)
+}
+
+fn line_plot(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[Series]) -> Result<(), String> {
+    let points = series.iter().flat_map(|(_, p)| p.iter());
+    let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0f64);
+    for &(x, y) in points {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y1 = y1.max(y);
+    }
+    if !x0.is_finite() {
+        return Ok(());
+    }
+    let pad = ((x1 - x0) * 0.05).max(0.5);
+    let y1 = if y1 > 0.0 { y1 * 1.1 } else { 1.0 };
+    let error = |e: &dyn std::fmt::Display| format!("plotting {}: {e}", path.display());
+    let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| error(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(75)
+        .build_cartesian_2d((x0 - pad)..(x1 + pad), 0f64..y1)
+        .map_err(|e| error(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .draw()
+        .map_err(|e| error(&e))?;
+    for (i, (name, points)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let mut points = points.clone();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        chart
+            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
+            .map_err(|e| error(&e))?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+        chart
+            .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+            .map_err(|e| error(&e))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| error(&e))?;
+    root.present().map_err(|e| error(&e))
+}
