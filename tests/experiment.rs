@@ -90,6 +90,12 @@ fn an_experiment_with_two_kills_reports_each_recovery_and_stays_within_its_bound
             .all(|r| r["bound_state"].as_f64().is_some_and(|b| b > 0.0)),
         "each recovery logged its bound: {failed}"
     );
+    assert!(
+        recoveries
+            .iter()
+            .all(|r| r["restore_seconds"].as_f64().is_some_and(|s| s > 0.0)),
+        "each recovery logged how long its restore took: {failed}"
+    );
     assert_eq!(failed["within_bound"], true, "{failed}");
     let plot = std::fs::read_to_string(out_dir.join("accuracy-vs-failures.svg")).expect("the error plot");
     assert!(

@@ -19,6 +19,8 @@ pub struct LoggedRecovery {
     pub bound_state: f64,
     /// Outputs the failure may have lost or repeated.
     pub bound_outputs: f64,
+    /// Opening the store, reading the last marker and restoring the state.
+    pub restore_seconds: f64,
 }
 
 /// A numeric field `name=value` of a log line.
@@ -38,6 +40,7 @@ pub fn logged_recoveries(log: &str) -> Vec<LoggedRecovery> {
                 resume_offset: log_field(line, "resume_offset")? as u64,
                 bound_state: log_field(line, "bound_state")?,
                 bound_outputs: log_field(line, "bound_outputs").unwrap_or(0.0),
+                restore_seconds: log_field(line, "restore_seconds").unwrap_or(0.0),
             })
         })
         .collect()

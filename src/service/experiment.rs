@@ -90,6 +90,8 @@ pub struct RecoveryRecord {
     pub resume_offset: u64,
     pub bound_state: f64,
     pub bound_outputs: f64,
+    /// How long the restore took (store, last marker, changelog).
+    pub restore_seconds: f64,
 }
 
 impl From<LoggedRecovery> for RecoveryRecord {
@@ -100,6 +102,7 @@ impl From<LoggedRecovery> for RecoveryRecord {
             resume_offset: r.resume_offset,
             bound_state: r.bound_state,
             bound_outputs: r.bound_outputs,
+            restore_seconds: r.restore_seconds,
         }
     }
 }
@@ -408,11 +411,11 @@ pub fn markdown(report: &ExperimentReport) -> String {
         report.kind, report.workload, report.items, report.partitions, report.seed, t.mode, t.theta, t.max_uncovered,
         t.max_unacked
     );
-    out.push_str("| run | failures injected | recoveries logged | output against the exact answer | bound (state + α·outputs, logged) | within | items/s (restarts included) | backups / entries / markers (last process) |\n");
-    out.push_str("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    out.push_str("| run | failures injected | recoveries logged | output against the exact answer | bound (state + α·outputs, logged) | within | items/s (restarts included) | backups / entries / markers (last process) | slowest restore (s) |\n");
+    out.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for run in &report.runs {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {:.1} | {} | {:.0} | {} / {} / {} |\n",
+            "| {} | {} | {} | {} | {:.1} | {} | {:.0} | {} / {} / {} | {:.3} |\n",
             run.label,
             run.failures_injected,
             run.recoveries.len(),
@@ -422,7 +425,8 @@ pub fn markdown(report: &ExperimentReport) -> String {
             run.items_per_second,
             run.backups,
             run.backup_entries,
-            run.markers
+            run.markers,
+            run.recoveries.iter().map(|r| r.restore_seconds).fold(0.0, f64::max)
         ));
     }
     out

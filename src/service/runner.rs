@@ -993,6 +993,7 @@ impl<O: ServiceOperator> Task<O> {
                 resume_offset = plan.resume_offset,
                 failures = plan.failures,
                 restored_records = restored_records,
+                restore_seconds,
                 bound_state = plan.introduced.state,
                 bound_outputs = plan.introduced.outputs,
                 theta = thresholds.theta,
