@@ -104,7 +104,6 @@ fn an_experiment_with_two_kills_reports_each_recovery_and_stays_within_its_bound
     );
     let markdown = std::fs::read_to_string(out_dir.join("report.md")).expect("report.md");
     assert!(markdown.contains("| failure-free | 0 | 0 |"), "{markdown}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The same experiment with backups that write nothing (while the bounds are
@@ -134,5 +133,4 @@ fn an_experiment_whose_backups_write_nothing_is_reported_outside_its_bound() {
         "the kills were recovered from: {failed}"
     );
     assert_eq!(failed["within_bound"], false, "a broken bound must be caught: {failed}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

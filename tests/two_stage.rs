@@ -167,5 +167,4 @@ fn a_two_stage_word_count_with_a_sigkill_in_each_stage_ends_within_the_chain_bou
         exact.keys().all(|word| counts.contains_key(word)),
         "every word has a count"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

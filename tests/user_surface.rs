@@ -216,7 +216,6 @@ fn a_csv_file_produced_as_confluent_avro_gives_the_exact_answer_through_the_pipe
         said.contains("bad.csv line 3") && said.contains("the 1 records before it were written"),
         "{said}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -327,5 +326,4 @@ fault_tolerance = {{ mode = "approximate", theta = 1.0, max_uncovered = 200, max
         "the error names the pipeline and its topic:\n{}",
         common::tail(&service.log)
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -45,12 +45,27 @@ fn repo() -> PathBuf {
 pub struct Broker {
     pub address: String,
     dir: Option<PathBuf>,
+    /// The broker's process, so it is stopped even if its directory is gone.
+    pid: std::cell::Cell<Option<u32>>,
+}
+
+/// The pid `scripts/broker` recorded in a broker's directory.
+fn broker_pid(dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(dir.join("broker.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 impl Broker {
     pub fn start(dir: &Path) -> Broker {
         if let Ok(address) = std::env::var(ENV_TEST_BOOTSTRAP) {
-            return Broker { address, dir: None };
+            return Broker {
+                address,
+                dir: None,
+                pid: std::cell::Cell::new(None),
+            };
         }
         let dir = dir.join("broker");
         let output = Command::new("timeout")
@@ -70,6 +85,7 @@ impl Broker {
         assert!(!address.is_empty(), "scripts/broker start printed no address");
         Broker {
             address,
+            pid: std::cell::Cell::new(broker_pid(&dir)),
             dir: Some(dir),
         }
     }
@@ -103,6 +119,7 @@ impl Broker {
                 std::thread::sleep(down);
             }
         }
+        self.pid.set(broker_pid(dir));
     }
 
     pub fn kafka(&self) -> KafkaConfig {
@@ -203,6 +220,14 @@ impl Drop for Broker {
                 .arg("stop")
                 .arg(dir)
                 .status();
+            // Whatever happened to its directory, the process goes (if that
+            // pid is still a broker, not a process that reused it).
+            if let Some(pid) = self.pid.get() {
+                let command = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                if String::from_utf8_lossy(&command).contains("tansu") {
+                    let _ = Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
+                }
+            }
             // A passing test leaves nothing behind; a failing one keeps its logs.
             if !std::thread::panicking() {
                 if let Some(test_dir) = dir.parent() {
