@@ -333,6 +333,10 @@ impl ChangelogLoader {
         let mut said = false;
         loop {
             let before = self.end_offset(partition)?;
+            if before <= 0 {
+                // Nothing written yet: a first start has nobody to wait for.
+                return Ok(None);
+            }
             let marker = self.last_marker(partition)?;
             if marker.as_ref().is_some_and(|m| m.clean) || quiet.is_zero() {
                 return Ok(marker);
