@@ -24,7 +24,7 @@ pub struct LoggedRecovery {
 }
 
 /// A numeric field `name=value` of a log line.
-fn log_field(line: &str, name: &str) -> Option<f64> {
+pub fn log_field(line: &str, name: &str) -> Option<f64> {
     let start = line.find(&format!(" {name}="))? + name.len() + 2;
     line[start..].split_whitespace().next()?.parse().ok()
 }

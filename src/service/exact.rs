@@ -237,18 +237,24 @@ fn per_key(values: BTreeMap<String, f64>) -> Answer {
     }
 }
 
+/// Each key's latest output value against its exact value.
 fn compare_per_key(answer: &Answer, outputs: &[OutputFields]) -> Comparison {
-    let empty = BTreeMap::new();
-    let exact = match answer {
-        Answer::PerKey { values, .. } => values,
-        _ => &empty,
-    };
     let mut latest: BTreeMap<&str, f64> = BTreeMap::new();
     for output in outputs {
         if let Some(key) = &output.key {
             latest.insert(key, number(&output.fields, "value"));
         }
     }
+    compare_values(answer, &latest, outputs.len() as u64)
+}
+
+/// Each key's value in the output (`output_records` records) against its exact value.
+fn compare_values(answer: &Answer, latest: &BTreeMap<&str, f64>, output_records: u64) -> Comparison {
+    let empty = BTreeMap::new();
+    let exact = match answer {
+        Answer::PerKey { values, .. } => values,
+        _ => &empty,
+    };
     let (mut l1, mut max_error, mut worst_key) = (0.0, 0.0, None);
     let (mut missing, mut missing_count) = (Vec::new(), 0);
     for (key, &value) in exact {
@@ -265,7 +271,7 @@ fn compare_per_key(answer: &Answer, outputs: &[OutputFields]) -> Comparison {
         }
     }
     let (mut unexpected, mut unexpected_count) = (Vec::new(), 0);
-    for (key, value) in &latest {
+    for (key, value) in latest {
         if !exact.contains_key(*key) {
             l1 += value.abs();
             unexpected_count += 1;
@@ -275,7 +281,7 @@ fn compare_per_key(answer: &Answer, outputs: &[OutputFields]) -> Comparison {
         }
     }
     Comparison::PerKey {
-        output_records: outputs.len() as u64,
+        output_records,
         output_keys: latest.len(),
         l1_error: l1,
         max_error,
@@ -343,37 +349,7 @@ impl Answering for Tokenize {
                 *counted.entry(key).or_default() += 1.0;
             }
         }
-        let as_latest: Vec<OutputFields> = counted
-            .into_iter()
-            .map(|(key, count)| OutputFields {
-                key: Some(key.to_string()),
-                fields: serde_json::json!({ "value": count }),
-            })
-            .collect();
-        match compare_per_key(answer, &as_latest) {
-            Comparison::PerKey {
-                output_keys,
-                l1_error,
-                max_error,
-                worst_key,
-                missing,
-                missing_keys,
-                unexpected,
-                unexpected_keys,
-                ..
-            } => Comparison::PerKey {
-                output_records: outputs.len() as u64,
-                output_keys,
-                l1_error,
-                max_error,
-                worst_key,
-                missing,
-                missing_keys,
-                unexpected,
-                unexpected_keys,
-            },
-            other => other,
-        }
+        compare_values(answer, &counted, outputs.len() as u64)
     }
 }
 

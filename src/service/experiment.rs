@@ -14,7 +14,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use super::child::{logged_recoveries, LoggedRecovery, Run};
+use super::child::{log_field, logged_recoveries, LoggedRecovery, Run};
 use super::config::{self, Config};
 use super::exact::{exact, Answer, Comparison};
 use super::kafka::ChangelogLoader;
@@ -228,11 +228,8 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
             last_log
                 .lines()
                 .filter(|line| line.contains("task stopped cleanly"))
-                .filter_map(|line| {
-                    let start = line.find(&format!(" {field}="))? + field.len() + 2;
-                    line[start..].split_whitespace().next()?.parse::<u64>().ok()
-                })
-                .sum()
+                .filter_map(|line| log_field(line, field))
+                .sum::<f64>() as u64
         };
         runs.push(RunOutcome {
             label,
