@@ -8,9 +8,13 @@
 //! (outputs):
 //!
 //! * **Backups.** After an item, a backup is issued when the divergence from the
-//!   last acknowledged backup exceeds θ, or ⌈l/2⌉ items have passed since the last
-//!   backup was issued (so its marker is normally back before l items are past
-//!   the last acknowledged one). At most one backup is *open* (issued, marker not
+//!   last acknowledged backup exceeds θ (it writes the drifted entries), or ⌈l/2⌉
+//!   items have passed since the last backup was issued (so its marker is
+//!   normally back before l items are past the last acknowledged one). A backup
+//!   for l while the divergence is within θ writes only what failed writes owe
+//!   (`BackupScope::Owed`): its marker moves the recovery point over a logged
+//!   state that is within θ of the live one, which is all the bound needs, so
+//!   l costs a marker, not the drift of ⌈l/2⌉ items. At most one backup is *open* (issued, marker not
 //!   yet written): the next backup's entries go out only after the previous
 //!   marker, so the changelog after its last marker holds at most one
 //!   incomplete backup. A trigger that arrives while a backup is open waits for
@@ -234,11 +238,22 @@ pub struct TaskController {
     /// Items past the last acknowledged marker at which input waits (not in
     /// mode none).
     window: u64,
-    /// A trigger came while a backup was open: issue when it closes.
-    deferred: bool,
+    /// A trigger came while a backup was open: issue when it closes, with the
+    /// widest scope asked for meanwhile.
+    deferred: Option<BackupScope>,
     interval_items: u64,
     interval_started_ms: u64,
     stalls: u64,
+}
+
+/// The scope that writes at least what either writes.
+fn widest(a: BackupScope, b: BackupScope) -> BackupScope {
+    use BackupScope::{Complete, Drifted, Owed};
+    match (a, b) {
+        (Complete, _) | (_, Complete) => Complete,
+        (Drifted, _) | (_, Drifted) => Drifted,
+        (Owed, Owed) => Owed,
+    }
 }
 
 impl TaskController {
@@ -283,7 +298,7 @@ impl TaskController {
             unacked_outputs: 0,
             lead: 1,
             window: u64::MAX,
-            deferred: false,
+            deferred: None,
             interval_items: 0,
             interval_started_ms: now_ms,
             stalls: 0,
@@ -430,10 +445,12 @@ impl TaskController {
             Mode::None => {}
             Mode::Approximate => {
                 // The common case, kept to two comparisons: nothing due.
-                let due =
-                    divergence > self.thresholds.theta || self.processed.items - self.last_issued.items >= self.lead;
-                if due {
-                    self.trigger(BackupScope::Drifted, actions);
+                let over = divergence > self.thresholds.theta;
+                if over || self.processed.items - self.last_issued.items >= self.lead {
+                    // Within θ only the marker must move: the drift stays
+                    // unwritten (see `BackupScope::Owed`).
+                    let scope = if over { BackupScope::Drifted } else { BackupScope::Owed };
+                    self.trigger(scope, actions);
                 }
             }
             Mode::Exact(interval) => {
@@ -470,7 +487,7 @@ impl TaskController {
             return;
         }
         if self.open.is_some() {
-            self.deferred = true;
+            self.deferred = Some(self.deferred.map_or(scope, |deferred| widest(deferred, scope)));
         } else {
             self.issue_backup(scope, false, actions);
         }
@@ -486,7 +503,7 @@ impl TaskController {
     fn issue_backup(&mut self, scope: BackupScope, clean: bool, actions: &mut Vec<Action>) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.deferred = false;
+        self.deferred = None;
         self.last_issued = self.processed;
         self.open = Some(OpenBackup {
             seq,
@@ -543,8 +560,8 @@ impl TaskController {
             self.send_marker(open.covers, open.clean, actions);
         }
         match self.phase {
-            Phase::Running if self.deferred => {
-                let scope = self.regular_scope();
+            Phase::Running if self.deferred.is_some() => {
+                let scope = self.deferred.unwrap_or(self.regular_scope());
                 self.issue_backup(scope, false, actions);
             }
             Phase::Stopping => self.advance_stop(actions),
@@ -615,7 +632,7 @@ impl TaskController {
                 let scope = self.regular_scope();
                 self.issue_backup(scope, false, actions);
             }
-            _ => self.deferred = true,
+            _ => self.deferred = Some(self.regular_scope()),
         }
     }
 
@@ -642,7 +659,7 @@ impl TaskController {
             return;
         }
         self.phase = Phase::Stopping;
-        self.deferred = false;
+        self.deferred = None;
         self.advance_stop(actions);
     }
 

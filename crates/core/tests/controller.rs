@@ -117,6 +117,40 @@ fn backs_up_every_half_l_items() {
 }
 
 #[test]
+fn a_backup_for_l_within_theta_writes_only_what_is_owed_and_a_later_theta_trigger_widens_it() {
+    // Θ = 20 → θ = 10; L = 40 → l = 20, a backup every 10 items.
+    let mut c = running(config(Mode::Approximate, 20.0, 40, 100));
+    let mut actions = Vec::new();
+    for offset in 0..10 {
+        c.item_processed(offset, 0, 5.0, 0, &mut actions);
+    }
+    let [(seq, BackupScope::Owed)] = backups(&actions)[..] else {
+        panic!("l with the divergence (5) within θ (10) moves only the marker: {actions:?}")
+    };
+    complete_backup(&mut c, seq);
+    actions.clear();
+    for offset in 10..20 {
+        c.item_processed(offset, 0, 5.0, 0, &mut actions);
+    }
+    let [(open, BackupScope::Owed)] = backups(&actions)[..] else {
+        panic!("{actions:?}")
+    };
+    // While it is open, l comes due again within θ, θ is crossed, then l again:
+    // the deferred backup writes the drift.
+    actions.clear();
+    for offset in 20..30 {
+        c.item_processed(offset, 0, 5.0, 0, &mut actions);
+    }
+    c.item_processed(30, 0, 11.0, 0, &mut actions);
+    for offset in 31..35 {
+        c.item_processed(offset, 0, 5.0, 0, &mut actions);
+    }
+    assert!(backups(&actions).is_empty(), "one backup open at a time");
+    c.backup_written(open, &mut actions);
+    assert_eq!(backups(&actions)[..], [(open + 2, BackupScope::Drifted)], "{actions:?}");
+}
+
+#[test]
 fn a_marker_waits_for_its_entries_and_the_outputs_before_it_then_commits() {
     let mut c = running(config(Mode::Approximate, 20.0, 1000, 100));
     let mut actions = Vec::new();

@@ -22,8 +22,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use crate::entry::BackupEntry;
 use crate::error::CoreError;
 use crate::operator::{
-    acknowledge_all, backup_all, fail_all, restore_all, AnalysisConstants, BackupScope, Operator, ProcessError,
-    Rejected,
+    acknowledge_all, fail_all, restore_all, AnalysisConstants, BackupScope, Operator, ProcessError, Rejected,
 };
 use crate::structures::{Norm, Tracked, TrackedTable};
 
@@ -213,7 +212,10 @@ impl Operator for OnlineJoin {
     fn set_theta(&mut self, _theta: f64) {}
 
     fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
-        backup_all(&mut [&mut self.counts, &mut self.sums], seq, scope, out);
+        // The divergence counts the sampled tuples only: the sums go whenever
+        // they changed.
+        self.counts.backup(seq, scope, out);
+        self.sums.backup(seq, scope.for_uncounted(), out);
     }
 
     fn acknowledge_backup(&mut self, seq: u64) {

@@ -35,6 +35,27 @@ pub enum BackupScope {
     /// Every entry that differs from the backup, so that the backup equals the state
     /// once acknowledged: exact mode, clean stops and rebalances.
     Complete,
+    /// Only the entries a failed write owes (it may have reached the log): the
+    /// approximate mode's backup when l items have passed while the divergence is
+    /// still within θ. Its marker moves the recovery point over a state within θ
+    /// of the live one without writing the drift; a max-difference state writes
+    /// its slots over θ/2 as for `Drifted`, and a store-backed structure over its
+    /// memory budget writes as for `Drifted` so that its keys turn clean. Values
+    /// and sets, which no operator's divergence counts, write their changes as
+    /// for `Drifted`.
+    Owed,
+}
+
+impl BackupScope {
+    /// The scope for a part of a state that the operator's divergence does not
+    /// count: an owed-only backup writes its changes all the same, since nothing
+    /// bounds how far they drift.
+    pub fn for_uncounted(self) -> BackupScope {
+        match self {
+            BackupScope::Owed => BackupScope::Drifted,
+            scope => scope,
+        }
+    }
 }
 
 /// How the distance between the live state and its backup is measured.

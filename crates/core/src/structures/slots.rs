@@ -14,7 +14,7 @@ use super::Norm;
 const DIRTY: u8 = 1; // changed since it was last included in a backup (L1, L2, key count)
 const OVER: u8 = 2; // |live - backed| > θ·WRITE_FRACTION (max difference): written by the next backup
 const PRESENT: u8 = 4; // included in an acknowledged backup (key count)
-const OWED: u8 = 8; // max difference: written by a backup that failed, so possibly in the store
+const OWED: u8 = 8; // written by a backup that failed (or in flight at a crash), so possibly in the store
 const CHANGED: u8 = 16; // store-backed: changed since it was last staged for the local store
 const PINNED: u8 = 32; // store-backed, transient: held by a backup in flight
 const FREE: u8 = 64; // store-backed: evicted; the index waits for reuse
@@ -47,9 +47,9 @@ pub struct DriftSlots {
     flags: Vec<u8>,
     dirty: Vec<u32>,
     over: Vec<u32>,
-    /// Max difference: slots a failed backup wrote. The store may hold what it
-    /// wrote although it was reported failed, so the next backup writes them again
-    /// whatever their drift.
+    /// Slots a failed backup wrote (or that one in flight at a crash may have).
+    /// The store may hold what it wrote although it was reported failed, so the
+    /// next backup of any scope writes them again whatever their drift.
     owed: Vec<u32>,
     /// L1: Σ|d|; L2: Σd²; key count: slots never acknowledged.
     sum: f64,
@@ -195,7 +195,7 @@ impl DriftSlots {
         }
     }
 
-    /// Max difference: the next backup writes this slot whatever its drift.
+    /// The next backup, whatever its scope, writes this slot whatever its drift.
     fn owe(&mut self, index: u32) {
         if !self.has(index, OWED) {
             self.flags[index as usize] |= OWED;
@@ -324,13 +324,26 @@ impl DriftSlots {
         // Under memory pressure a max-difference backup also writes the small
         // drifts (it becomes complete), so that their slots turn clean and can be
         // evicted once it is acknowledged.
-        let scope = if self.pressure && self.norm == Norm::Max {
-            BackupScope::Complete
-        } else {
-            scope
+        // Likewise an owed-only backup writes the drifted slots under pressure,
+        // so that they turn clean. A max-difference state writes its slots over
+        // θ/2 either way: they are few, and writing them keeps θ-triggered
+        // backups rare.
+        let scope = match (self.pressure, self.norm, scope) {
+            (true, Norm::Max, _) => BackupScope::Complete,
+            (true, _, BackupScope::Owed) | (false, Norm::Max, BackupScope::Owed) => BackupScope::Drifted,
+            _ => scope,
         };
         let mut values = Vec::new();
         match (self.norm, scope) {
+            (_, BackupScope::Owed) => {
+                // The divergence is within θ: only what a failed write may have
+                // left in the store must go; the drifted slots stay dirty.
+                for index in self.owed.drain(..) {
+                    let flags = &mut self.flags[index as usize];
+                    *flags &= !(OWED | DIRTY);
+                    values.push((index, self.slots[index as usize].live));
+                }
+            }
             (Norm::Max, BackupScope::Drifted) => {
                 values.extend(self.over.iter().map(|&i| (i, self.slots[i as usize].live)));
                 self.take_owed(&mut values, false);
@@ -349,6 +362,15 @@ impl DriftSlots {
                 self.since_complete = 0.0;
             }
             _ => {
+                // Owed slots are dirty too, unless an owed-only backup wrote
+                // them since; those are written here once.
+                for index in self.owed.drain(..) {
+                    let flags = &mut self.flags[index as usize];
+                    *flags &= !OWED;
+                    if *flags & DIRTY == 0 {
+                        values.push((index, self.slots[index as usize].live));
+                    }
+                }
                 for &index in &self.dirty {
                     let flags = &mut self.flags[index as usize];
                     // A restore may have cleaned a slot that is still listed.
@@ -450,9 +472,8 @@ impl DriftSlots {
         // from the acknowledged baseline is now small.
         for (index, _) in failed.values {
             self.mark_changed(index);
-            if self.norm == Norm::Max {
-                self.owe(index);
-            } else {
+            self.owe(index);
+            if self.norm != Norm::Max {
                 self.mark_dirty(index);
             }
         }
@@ -524,6 +545,7 @@ impl DriftSlots {
                     }
                 }
                 if self.norm != Norm::Max {
+                    self.owe(index);
                     self.mark_dirty(index);
                 }
             }
@@ -795,5 +817,50 @@ mod tests {
         assert!(slots.divergence() <= 50.0);
         assert!(slots.backup(4, BackupScope::Drifted).is_empty());
         assert_eq!(indices(slots.backup(5, BackupScope::Complete)), vec![2]);
+    }
+
+    #[test]
+    fn an_owed_only_backup_writes_what_a_failed_write_left_and_leaves_the_drift() {
+        for norm in [Norm::L1, Norm::L2] {
+            let mut slots = DriftSlots::new(norm, 3);
+            slots.set(0, 100.0);
+            assert_eq!(indices(slots.backup(1, BackupScope::Drifted)), vec![0]);
+            slots.fail(1);
+            // Back at the baseline: no drift, but the log may hold 100.
+            slots.set(0, 0.0);
+            slots.set(1, 5.0);
+            assert_eq!(
+                slots.backup(2, BackupScope::Owed).to_vec(),
+                vec![(0, 0.0)],
+                "{norm:?}: the owed slot only, at its live value"
+            );
+            slots.acknowledge(2);
+            assert!(slots.divergence() > 0.0, "{norm:?}: slot 1's drift is left");
+            assert!(slots.backup(3, BackupScope::Owed).is_empty(), "{norm:?}: paid once");
+            assert_eq!(
+                indices(slots.backup(4, BackupScope::Drifted)),
+                vec![1],
+                "{norm:?}: a drifted backup writes the drift, not the paid slot again"
+            );
+            slots.acknowledge(4);
+            assert_eq!(slots.divergence(), 0.0, "{norm:?}");
+        }
+    }
+
+    #[test]
+    fn an_owed_only_backup_under_memory_pressure_writes_the_drift() {
+        let mut slots = DriftSlots::new(Norm::L1, 2);
+        slots.set(1, 5.0);
+        slots.set_pressure(true);
+        assert_eq!(indices(slots.backup(1, BackupScope::Owed)), vec![1]);
+    }
+
+    #[test]
+    fn a_max_norm_owed_only_backup_writes_the_slots_over_half_theta() {
+        let mut slots = DriftSlots::new(Norm::Max, 3);
+        slots.set_theta(10.0);
+        slots.set(0, 6.0);
+        slots.set(1, 2.0);
+        assert_eq!(indices(slots.backup(1, BackupScope::Owed)), vec![0]);
     }
 }
