@@ -31,13 +31,14 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use afstream::service::config::{self, Config, ModeName};
-use afstream::service::kafka::{partition_count, TopicReader};
+use afstream::service::kafka::{client_config, partition_count, ClientRole};
 use afstream::service::produce::{produce, Encoder, Workload};
 use afstream::service::{run, RunOptions};
-use rdkafka::Message;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{Message, Offset, TopicPartitionList};
 use serde_json::json;
 
 fn repo() -> PathBuf {
@@ -99,30 +100,50 @@ struct Measure {
     stop_seconds: f64,
 }
 
-/// Reads every record of the topic with no processing at all.
-fn raw_consumption(config: &Config, topic: &str, run: usize, bytes_in: u64) -> Measure {
+/// Reads every record of the topic with no processing at all: one consumer
+/// assigned every partition from the beginning, polled until it has them all.
+fn raw_consumption(config: &Config, topic: &str, run: usize, items: u64, bytes_in: u64) -> Measure {
     let mut kafka = config.kafka.clone();
     kafka.group_id = format!("bench-raw-{run}-{}", std::process::id());
     let partitions = partition_count(&kafka, topic).expect("metadata").expect("topic");
-    let reader = TopicReader::new(&kafka, "raw").expect("reader");
-    let (mut items, mut bytes) = (0u64, 0u64);
+    let consumer: BaseConsumer = client_config(
+        &kafka,
+        ClientRole::Consumer,
+        &[("group.id", kafka.group_id.as_str()), ("enable.auto.commit", "false")],
+    )
+    .create()
+    .expect("a consumer");
+    let mut assignment = TopicPartitionList::new();
+    for partition in 0..partitions as i32 {
+        assignment
+            .add_partition_offset(topic, partition, Offset::Beginning)
+            .expect("an assignment");
+    }
     reset_peak_rss();
     let cpu = cpu_seconds();
     let started = Instant::now();
-    for partition in 0..partitions as i32 {
-        reader
-            .read_all(topic, partition, |m| {
-                items += 1;
+    consumer.assign(&assignment).expect("assign");
+    let (mut read, mut bytes) = (0u64, 0u64);
+    while read < items {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "raw consumption: {read} of {items} records after 300 s"
+        );
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                read += 1;
                 bytes += m.payload().map_or(0, <[u8]>::len) as u64;
-            })
-            .expect("read the topic");
+            }
+            Some(Err(e)) => panic!("raw consumption: {e}"),
+            None => {}
+        }
     }
     std::hint::black_box(bytes);
     let seconds = started.elapsed().as_secs_f64().max(1e-9);
     Measure {
-        items_per_s: items as f64 / seconds,
+        items_per_s: read as f64 / seconds,
         mb_per_s: bytes_in as f64 / seconds / 1e6,
-        cpu_s_per_million: (cpu_seconds() - cpu) / items.max(1) as f64 * 1e6,
+        cpu_s_per_million: (cpu_seconds() - cpu) / read.max(1) as f64 * 1e6,
         peak_rss_mib: peak_rss_mib(),
         ..Measure::default()
     }
@@ -319,7 +340,13 @@ fn main() {
             for (i, case) in Case::ALL.into_iter().enumerate() {
                 run_id += 1;
                 let measure = match case {
-                    Case::Raw => raw_consumption(&workload.config, &workload.topic, run_id, workload.bytes),
+                    Case::Raw => raw_consumption(
+                        &workload.config,
+                        &workload.topic,
+                        run_id,
+                        workload.items,
+                        workload.bytes,
+                    ),
                     _ => {
                         let state_dir = workload.store_backed.then_some(state.as_path());
                         pipeline(workload, case, state_dir, run_id)

@@ -31,7 +31,8 @@ use super::state::lock_state_dir;
 use super::store::{StoreBudget, StoreMeta, TaskStore};
 use super::ServiceError;
 use crate::core::{
-    Ack, BackupEntry, BackupMarker, ControllerConfig, DriverStats, Mode, RecoveryPlan, Rejected, TaskDriver, TaskIo,
+    Ack, BackupEntry, BackupMarker, Blocked, ControllerConfig, DriverStats, Mode, RecoveryPlan, Rejected, TaskDriver,
+    TaskIo,
 };
 
 /// Where a partition with no marker and no committed offset starts (the
@@ -44,6 +45,10 @@ const POLL_BATCH: usize = 500;
 /// The shortest and longest sleep of an idle loop round.
 const IDLE_WAIT_MIN: Duration = Duration::from_micros(100);
 const IDLE_WAIT_MAX: Duration = Duration::from_millis(5);
+/// The longest sleep while a task's input waits on an acknowledgement: the
+/// window (l items past the last marker) is a few milliseconds of input, so a
+/// late wake-up is a stall of its own.
+const AWAIT_WAIT_MAX: Duration = Duration::from_micros(200);
 /// The headers of a dead letter: where its record came from and why it was refused.
 pub const DEAD_LETTER_TOPIC_HEADER: &str = "afstream.source.topic";
 pub const DEAD_LETTER_PARTITION_HEADER: &str = "afstream.source.partition";
@@ -65,8 +70,9 @@ pub struct RunOptions {
 #[derive(Clone, Debug, Default)]
 pub struct RunReport {
     pub tasks: Vec<TaskReport>,
-    /// From the first task's start (its partition assigned and restored) to the
-    /// start of the clean stop: the processing time, without joining the group.
+    /// From the first partition's assignment (fetching starts then, while its
+    /// task restores) to the start of the clean stop: the processing time,
+    /// without joining the group.
     pub processing: Duration,
     /// The clean stop: final complete backups, markers, commits.
     pub stop: Duration,
@@ -1270,6 +1276,16 @@ impl<O: ServiceOperator> Task<O> {
         self.batch.is_drained() && self.batch.next_offset >= self.end
     }
 
+    /// Input is at hand but waits on an acknowledgement (the window, the
+    /// outputs, the start marker).
+    fn awaits_acknowledgement(&self) -> bool {
+        !self.batch.is_drained()
+            && matches!(
+                self.driver.readiness(),
+                Err(Blocked::Window | Blocked::Outputs | Blocked::StartMarker)
+            )
+    }
+
     fn begin_stop(&mut self, shared: &Shared<'_>) {
         self.before_stop = Some(self.driver.stats());
         let mut io = Self::io(
@@ -1458,19 +1474,22 @@ pub fn run_pipeline<O: ServiceOperator>(
     let mut first_task: Option<Instant> = None;
     let mut worked = true;
     let mut idle_rounds: u32 = 0;
+    let mut awaiting = false;
     let mut handoff: Option<Revocation> = None;
     // Tasks of lost partitions, kept in case the group gives them back.
     let mut parked_tasks: BTreeMap<i32, Task<O>> = BTreeMap::new();
     loop {
-        // Nothing happened last round: back off from 100 µs to 5 ms. Input waiting
-        // on an acknowledgement resumes within a fraction of a millisecond of it
-        // (the producer's and the partitions' queues cannot be waited on
-        // together), and an idle service wakes 200 times a second.
+        // Nothing happened last round: back off from 100 µs to 5 ms, or to 200 µs
+        // while input waits on an acknowledgement, so that it resumes within a
+        // fraction of a millisecond of it (the producers' and the partitions'
+        // queues cannot be waited on together); an idle service wakes 200 times
+        // a second.
         if worked {
             idle_rounds = 0;
         } else {
             idle_rounds = idle_rounds.saturating_add(1);
-            std::thread::sleep(IDLE_WAIT_MIN.saturating_mul(1 << idle_rounds.min(6)).min(IDLE_WAIT_MAX));
+            let longest = if awaiting { AWAIT_WAIT_MAX } else { IDLE_WAIT_MAX };
+            std::thread::sleep(IDLE_WAIT_MIN.saturating_mul(1 << idle_rounds.min(6)).min(longest));
         }
         let now_ms = started.elapsed().as_millis() as u64;
         worked = false;
@@ -1567,6 +1586,9 @@ pub fn run_pipeline<O: ServiceOperator>(
             .unwrap_or_default()
         {
             let partition = assigned.partition;
+            // Processing time counts from the first assignment: the consumer
+            // fetches from then on, while the task restores.
+            first_task.get_or_insert_with(Instant::now);
             // A kept task whose partition came back after another member wrote its changelog.
             parked_tasks.remove(&partition);
             let queue = consumer
@@ -1587,7 +1609,6 @@ pub fn run_pipeline<O: ServiceOperator>(
                 task.begin_stop(&shared);
             }
             tasks.insert(partition, task);
-            first_task.get_or_insert_with(Instant::now);
         }
         // After the assignments: a partition assigned and then revoked within
         // one poll is started, then handed off.
@@ -1630,6 +1651,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         for task in tasks.values_mut() {
             worked |= task.flush(&shared, now_ms);
         }
+        awaiting = tasks.values().any(Task::awaits_acknowledgement);
         if let Some(revocation) = &handoff {
             let stopped = revocation
                 .partitions
