@@ -8,13 +8,14 @@
 //! (outputs):
 //!
 //! * **Backups.** After an item, a backup is issued when the divergence from the
-//!   last acknowledged backup exceeds θ (it writes the drifted entries), or ⌈l/2⌉
-//!   items have passed since the last backup was issued (so its marker is
-//!   normally back before l items are past the last acknowledged one). A backup
+//!   last acknowledged backup exceeds θ (it writes the drifted entries), or ⌈l/4⌉
+//!   items have passed since the last backup was issued (so input waits only
+//!   when a marker takes longer than ¾·l items of input to come back; markers
+//!   are not waited for one by one, several may be in flight). A backup
 //!   for l while the divergence is within θ writes only what failed writes owe
 //!   (`BackupScope::Owed`): its marker moves the recovery point over a logged
 //!   state that is within θ of the live one, which is all the bound needs, so
-//!   l costs a marker, not the drift of ⌈l/2⌉ items. At most one backup is *open* (issued, marker not
+//!   l costs a marker, not the drift of ⌈l/4⌉ items. At most one backup is *open* (issued, marker not
 //!   yet written): the next backup's entries go out only after the previous
 //!   marker, so the changelog after its last marker holds at most one
 //!   incomplete backup. A trigger that arrives while a backup is open waits for
@@ -246,6 +247,12 @@ pub struct TaskController {
     stalls: u64,
 }
 
+/// Backups issued for l per window of l items: a marker may take up to
+/// (1 − 1/4)·l items of input to be acknowledged before input waits. More
+/// markers would leave more room for a round trip, at a changelog record (and a
+/// produce request) each.
+const BACKUPS_PER_WINDOW: u64 = 4;
+
 /// The scope that writes at least what either writes.
 fn widest(a: BackupScope, b: BackupScope) -> BackupScope {
     use BackupScope::{Complete, Drifted, Owed};
@@ -346,7 +353,7 @@ impl TaskController {
             }
             _ => halved,
         };
-        self.lead = self.thresholds.items.div_ceil(2).max(1);
+        self.lead = self.thresholds.items.div_ceil(BACKUPS_PER_WINDOW).max(1);
         // Mode none never waits (see `readiness`), so its window is never read.
         self.window = self.thresholds.items;
     }

@@ -19,7 +19,7 @@ pub enum Mode {
     /// No backups and no markers; the group's offset is committed at a clean stop:
     /// the no-fault-tolerance baseline.
     None,
-    /// Backups when the divergence crosses θ or ⌈l/2⌉ items have passed, a marker
+    /// Backups when the divergence crosses θ or ⌈l/4⌉ items have passed, a marker
     /// after each.
     Approximate,
     /// A complete backup and its marker every interval (Kafka Streams style).

@@ -93,9 +93,9 @@ fn backs_up_when_divergence_crosses_theta_and_not_before() {
 }
 
 #[test]
-fn backs_up_every_half_l_items() {
-    // L = 40 → l = 20, a backup every 10 items.
-    let mut c = running(config(Mode::Approximate, 1e9, 40, 100));
+fn backs_up_every_quarter_l_items() {
+    // L = 80 → l = 40, a backup every 10 items.
+    let mut c = running(config(Mode::Approximate, 1e9, 80, 100));
     let mut actions = Vec::new();
     for offset in 0..9 {
         c.item_processed(offset, 0, 0.0, 0, &mut actions);
@@ -106,7 +106,7 @@ fn backs_up_every_half_l_items() {
         panic!("{actions:?}")
     };
     complete_backup(&mut c, seq);
-    // The next one comes ⌈l/2⌉ items after this one, not sooner.
+    // The next one comes ⌈l/4⌉ items after this one, not sooner.
     actions.clear();
     for offset in 10..19 {
         c.item_processed(offset, 0, 0.0, 0, &mut actions);
@@ -118,8 +118,8 @@ fn backs_up_every_half_l_items() {
 
 #[test]
 fn a_backup_for_l_within_theta_writes_only_what_is_owed_and_a_later_theta_trigger_widens_it() {
-    // Θ = 20 → θ = 10; L = 40 → l = 20, a backup every 10 items.
-    let mut c = running(config(Mode::Approximate, 20.0, 40, 100));
+    // Θ = 20 → θ = 10; L = 80 → l = 40, a backup every 10 items.
+    let mut c = running(config(Mode::Approximate, 20.0, 80, 100));
     let mut actions = Vec::new();
     for offset in 0..10 {
         c.item_processed(offset, 0, 5.0, 0, &mut actions);
@@ -185,19 +185,19 @@ fn a_marker_waits_for_its_entries_and_the_outputs_before_it_then_commits() {
 
 #[test]
 fn input_waits_at_l_items_past_the_last_acknowledged_marker() {
-    let mut c = running(config(Mode::Approximate, 1e9, 8, 100));
-    // l = 4: backups every 2 items, input waits at 4 items past the marker.
+    let mut c = running(config(Mode::Approximate, 1e9, 16, 100));
+    // l = 8: backups every 2 items, input waits at 8 items past the marker.
     let mut actions = Vec::new();
-    for offset in 0..4 {
+    for offset in 0..8 {
         assert_eq!(c.readiness(), Ok(()));
         c.item_processed(offset, 0, 0.0, 0, &mut actions);
     }
     assert_eq!(c.readiness(), Err(Blocked::Window));
-    assert_eq!(c.items_past_marker(), 4);
+    assert_eq!(c.items_past_marker(), 8);
     // The first backup (after item 1) completes: the window moves to it.
     let seq = backups(&actions)[0].0;
     complete_backup(&mut c, seq);
-    assert_eq!(c.items_past_marker(), 2);
+    assert_eq!(c.items_past_marker(), 6);
     assert_eq!(c.readiness(), Ok(()));
 }
 

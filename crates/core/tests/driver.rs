@@ -64,7 +64,7 @@ fn acknowledge_backups(driver: &mut TaskDriver<WordCount>, io: &mut Recorder) {
 #[test]
 fn refused_records_are_read_and_their_dead_letters_hold_back_the_marker() {
     let mut io = Recorder::default();
-    let mut driver = word_count_driver(&mut io, 8);
+    let mut driver = word_count_driver(&mut io, 16);
     let lines = ["a b".to_string(), "one two three four".to_string(), "c".to_string()];
     let taken = driver
         .process([(0, &lines[0]), (1, &lines[1]), (2, &lines[2])], 0, &mut io)
@@ -87,7 +87,7 @@ fn refused_records_are_read_and_their_dead_letters_hold_back_the_marker() {
     assert_eq!(driver.controller().processed().offset, 4, "a refused record is read");
     assert_eq!(driver.controller().unacknowledged_outputs(), 5);
 
-    // l = 8 gives this task l = 4: a backup is due every two records. A backup's
+    // L = 16 gives this task l = 8: a backup is due every two records. A backup's
     // entries and then its marker wait for every output and dead letter before
     // its offset.
     acknowledge_backups(&mut driver, &mut io);
