@@ -102,6 +102,12 @@ fn an_experiment_with_two_kills_reports_each_recovery_and_stays_within_its_bound
         plot.starts_with("<svg") && plot.contains("failures injected"),
         "an SVG plot of the error against failures"
     );
+    let png = std::fs::read(out_dir.join("accuracy-vs-failures.png")).expect("the error plot as PNG");
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 10_000,
+        "a PNG of the plot ({} bytes)",
+        png.len()
+    );
     let markdown = std::fs::read_to_string(out_dir.join("report.md")).expect("report.md");
     assert!(markdown.contains("| failure-free | 0 | 0 |"), "{markdown}");
 }

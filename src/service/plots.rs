@@ -1,10 +1,12 @@
-//! An experiment's plots, as SVG (plotters' SVG backend needs no system
-//! fonts): the answer's error against the failures injected, and, for sweeps,
-//! backups and throughput against Θ and against L.
+//! An experiment's plots: the answer's error against the failures injected,
+//! and, for sweeps, backups and throughput against Θ and against L. Each is
+//! drawn as SVG (plotters' SVG backend) and rendered to PNG beside it with
+//! resvg and the system's fonts.
 
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
+use resvg::{tiny_skia, usvg};
 
 use super::exact::Comparison;
 use super::experiment::{ExperimentReport, RunOutcome};
@@ -32,6 +34,7 @@ pub fn accuracy(comparison: &Comparison) -> Option<(&'static str, f64)> {
 /// Writes the plots the report has data for into `dir`; returns their paths.
 pub fn write_plots(report: &ExperimentReport, dir: &Path) -> Result<Vec<PathBuf>, String> {
     let mut written = Vec::new();
+    let mut png = PngRenderer::new();
     let key = |run: &RunOutcome| format!("Θ={} L={}", run.theta, run.max_uncovered);
     // Error against failures, a line per (Θ, L).
     let mut lines: Vec<Series> = Vec::new();
@@ -49,14 +52,17 @@ pub fn write_plots(report: &ExperimentReport, dir: &Path) -> Result<Vec<PathBuf>
     }
     if lines.iter().any(|(_, points)| points.len() > 1) {
         let path = dir.join("accuracy-vs-failures.svg");
-        line_plot(
+        let drawn = line_plot(
             &path,
             &format!("{}: {metric} against failures", report.kind),
             "failures injected",
             metric,
             &lines,
         )?;
-        written.push(path);
+        if drawn {
+            written.extend(png.render(&path)?);
+            written.push(path);
+        }
     }
     // Failure-free runs against Θ (a line per L) and against L (a line per Θ).
     let clean: Vec<&RunOutcome> = report.runs.iter().filter(|r| r.failures_injected == 0).collect();
@@ -85,20 +91,100 @@ pub fn write_plots(report: &ExperimentReport, dir: &Path) -> Result<Vec<PathBuf>
             }
             let file = format!("{}-vs-{name}.svg", what.replace(' ', "-"));
             let path = dir.join(file);
-            line_plot(
+            let drawn = line_plot(
                 &path,
                 &format!("{}, failure-free: {what} against {}", report.kind, &axis[6..]),
                 axis,
                 what,
                 &series,
             )?;
-            written.push(path);
+            if drawn {
+                written.extend(png.render(&path)?);
+                written.push(path);
+            }
         }
     }
     Ok(written)
 }
 
-fn line_plot(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[Series]) -> Result<(), String> {
+/// Renders SVG plots to PNG with the system's fonts, loaded once.
+struct PngRenderer {
+    options: usvg::Options<'static>,
+    warned: bool,
+}
+
+impl PngRenderer {
+    fn new() -> Self {
+        let mut options = usvg::Options::default();
+        let fonts = options.fontdb_mut();
+        fonts.load_system_fonts();
+        // plotters asks for the generic sans-serif family, which fontdb maps to
+        // Arial unless told otherwise: map it (and the default) to a sans-serif
+        // family that is installed.
+        let family = {
+            let families: Vec<&str> = fonts
+                .faces()
+                .flat_map(|face| face.families.iter().map(|(name, _)| name.as_str()))
+                .collect();
+            ["DejaVu Sans", "Liberation Sans", "Noto Sans", "FreeSans", "Arial"]
+                .into_iter()
+                .find(|wanted| families.contains(wanted))
+                .or_else(|| {
+                    families
+                        .iter()
+                        .copied()
+                        .find(|name| name.contains("Sans") && !name.contains("Mono"))
+                })
+                .or_else(|| families.first().copied())
+                .map(str::to_string)
+        };
+        if let Some(family) = &family {
+            fonts.set_sans_serif_family(family.clone());
+            options.font_family = family.clone();
+        }
+        PngRenderer { options, warned: false }
+    }
+
+    /// Whether plotters' labels will find a font.
+    fn has_font(&self) -> bool {
+        let query = usvg::fontdb::Query {
+            families: &[usvg::fontdb::Family::SansSerif],
+            ..Default::default()
+        };
+        self.options.fontdb.query(&query).is_some()
+    }
+
+    /// Writes `svg` as PNG beside it and returns the PNG's path; none without
+    /// a system font, since every label would be missing (the SVG has them).
+    fn render(&mut self, svg: &Path) -> Result<Option<PathBuf>, String> {
+        if !self.has_font() {
+            if !self.warned {
+                self.warned = true;
+                tracing::warn!(
+                    "no system fonts: the plots are written as SVG only (a sans-serif font such as Debian's \
+                     fonts-dejavu-core gives PNG too)"
+                );
+            }
+            return Ok(None);
+        }
+        let error = |e: &dyn std::fmt::Display| format!("rendering {} as PNG: {e}", svg.display());
+        let data = std::fs::read(svg).map_err(|e| error(&e))?;
+        let tree = usvg::Tree::from_data(&data, &self.options).map_err(|e| error(&e))?;
+        let size = tree.size().to_int_size();
+        let mut pixmap =
+            tiny_skia::Pixmap::new(size.width(), size.height()).ok_or_else(|| error(&"the plot has no area"))?;
+        pixmap.fill(tiny_skia::Color::WHITE);
+        resvg::render(&tree, tiny_skia::Transform::default(), &mut pixmap.as_mut());
+        let png = svg.with_extension("png");
+        let bytes = pixmap.encode_png().map_err(|e| error(&e))?;
+        std::fs::write(&png, bytes).map_err(|e| error(&e))?;
+        Ok(Some(png))
+    }
+}
+
+/// Draws the series as lines with points; returns false, drawing nothing, when
+/// there is no point.
+fn line_plot(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[Series]) -> Result<bool, String> {
     let points = series.iter().flat_map(|(_, p)| p.iter());
     let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0f64);
     for &(x, y) in points {
@@ -107,7 +193,7 @@ fn line_plot(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[S
         y1 = y1.max(y);
     }
     if !x0.is_finite() {
-        return Ok(());
+        return Ok(false);
     }
     let pad = ((x1 - x0) * 0.05).max(0.5);
     let y1 = if y1 > 0.0 { y1 * 1.1 } else { 1.0 };
@@ -146,5 +232,6 @@ fn line_plot(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[S
         .border_style(BLACK)
         .draw()
         .map_err(|e| error(&e))?;
-    root.present().map_err(|e| error(&e))
+    root.present().map_err(|e| error(&e))?;
+    Ok(true)
 }
