@@ -34,7 +34,7 @@ pub fn accuracy(comparison: &Comparison) -> Option<(&'static str, f64)> {
 /// Writes the plots the report has data for into `dir`; returns their paths.
 pub fn write_plots(report: &ExperimentReport, dir: &Path) -> Result<Vec<PathBuf>, String> {
     let mut written = Vec::new();
-    let mut png = PngRenderer::new();
+    let mut plotter = Plotter::new();
     let key = |run: &RunOutcome| format!("Θ={} L={}", run.theta, run.max_uncovered);
     // Error against failures, a line per (Θ, L).
     let mut lines: Vec<Series> = Vec::new();
@@ -52,17 +52,8 @@ pub fn write_plots(report: &ExperimentReport, dir: &Path) -> Result<Vec<PathBuf>
     }
     if lines.iter().any(|(_, points)| points.len() > 1) {
         let path = dir.join("accuracy-vs-failures.svg");
-        let drawn = line_plot(
-            &path,
-            &format!("{}: {metric} against failures", report.kind),
-            "failures injected",
-            metric,
-            &lines,
-        )?;
-        if drawn {
-            written.extend(png.render(&path)?);
-            written.push(path);
-        }
+        let title = format!("{}: {metric} against failures", report.kind);
+        plotter.plot(path, &title, ("failures injected", metric), &lines, &mut written)?;
     }
     // Failure-free runs against Θ (a line per L) and against L (a line per Θ).
     let clean: Vec<&RunOutcome> = report.runs.iter().filter(|r| r.failures_injected == 0).collect();
@@ -90,30 +81,20 @@ pub fn write_plots(report: &ExperimentReport, dir: &Path) -> Result<Vec<PathBuf>
                 }
             }
             let file = format!("{}-vs-{name}.svg", what.replace(' ', "-"));
-            let path = dir.join(file);
-            let drawn = line_plot(
-                &path,
-                &format!("{}, failure-free: {what} against {}", report.kind, &axis[6..]),
-                axis,
-                what,
-                &series,
-            )?;
-            if drawn {
-                written.extend(png.render(&path)?);
-                written.push(path);
-            }
+            let title = format!("{}, failure-free: {what} against {}", report.kind, &axis[6..]);
+            plotter.plot(dir.join(file), &title, (axis, what), &series, &mut written)?;
         }
     }
     Ok(written)
 }
 
-/// Renders SVG plots to PNG with the system's fonts, loaded once.
-struct PngRenderer {
+/// Draws plots as SVG and renders them to PNG with the system's fonts, loaded once.
+struct Plotter {
     options: usvg::Options<'static>,
     warned: bool,
 }
 
-impl PngRenderer {
+impl Plotter {
     fn new() -> Self {
         let mut options = usvg::Options::default();
         let fonts = options.fontdb_mut();
@@ -142,7 +123,24 @@ impl PngRenderer {
             fonts.set_sans_serif_family(family.clone());
             options.font_family = family.clone();
         }
-        PngRenderer { options, warned: false }
+        Plotter { options, warned: false }
+    }
+
+    /// Draws the series as SVG at `path` and renders it as PNG beside it;
+    /// adds what it wrote to `written` (nothing when there is no point).
+    fn plot(
+        &mut self,
+        path: PathBuf,
+        title: &str,
+        (x_label, y_label): (&str, &str),
+        series: &[Series],
+        written: &mut Vec<PathBuf>,
+    ) -> Result<(), String> {
+        if line_plot(&path, title, x_label, y_label, series)? {
+            written.extend(self.render(&path)?);
+            written.push(path);
+        }
+        Ok(())
     }
 
     /// Whether plotters' labels will find a font.

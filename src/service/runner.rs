@@ -128,10 +128,6 @@ struct Stores {
     budget: StoreBudget,
 }
 
-/// The consumer's context: a rebalance decides each new partition's recovery
-/// point (its local store, or the changelog's last marker) and sets it before
-/// the partition is assigned, so no record is fetched from anywhere else; the
-/// task streams the changelog into its state when it starts.
 /// Set in the environment of a build with the `fault-injection` feature, it
 /// makes every task's backups write nothing (for tests that must fail).
 #[cfg(feature = "fault-injection")]
@@ -141,6 +137,10 @@ pub const FAULT_SKIP_BACKUPS: &str = "AFSTREAM_FAULT_SKIP_BACKUPS";
 /// stop writing its changelog (see `ChangelogLoader::settled_marker`).
 const HANDOFF_PATIENCE: Duration = Duration::from_secs(20);
 
+/// The consumer's context: a rebalance decides each new partition's recovery
+/// point (its local store, or the changelog's last marker) and sets it before
+/// the partition is assigned, so no record is fetched from anywhere else; the
+/// task streams the changelog into its state when it starts.
 struct GroupContext {
     group: String,
     input_topic: String,
@@ -1301,6 +1301,11 @@ impl<O: ServiceOperator> Task<O> {
     }
 }
 
+/// Empties a list the rebalance callback fills (empty when its lock is poisoned).
+fn take<T: Default>(list: &Mutex<T>) -> T {
+    list.lock().map(|mut l| std::mem::take(&mut *l)).unwrap_or_default()
+}
+
 /// Hands the producers' delivery reports to their tasks; returns whether there were any.
 fn deliver_reports<O: ServiceOperator>(
     shared: &Shared<'_>,
@@ -1498,11 +1503,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         if let Some(failure) = context.failure.lock().ok().and_then(|mut f| f.take()) {
             return Err(ServiceError::Rebalance(failure));
         }
-        let revoked = context
-            .revoked
-            .lock()
-            .map(|mut r| std::mem::take(&mut *r))
-            .unwrap_or_default();
+        let revoked = take(&context.revoked);
         if !revoked.is_empty() {
             // The revocation flushed the producers: the revoked tasks get their
             // delivery reports before they go.
@@ -1516,11 +1517,7 @@ pub fn run_pipeline<O: ServiceOperator>(
                 );
             }
         }
-        let lost = context
-            .lost
-            .lock()
-            .map(|mut r| std::mem::take(&mut *r))
-            .unwrap_or_default();
+        let lost = take(&context.lost);
         if !lost.is_empty() {
             // The loss flushed the producers: the tasks get their delivery
             // reports before they are parked, and the changelog's end is final.
@@ -1552,12 +1549,7 @@ pub fn run_pipeline<O: ServiceOperator>(
                 _ => tracing::info!(partition, "partition lost; its next owner restores it"),
             }
         }
-        for (partition, end) in context
-            .regained
-            .lock()
-            .map(|mut r| std::mem::take(&mut *r))
-            .unwrap_or_default()
-        {
+        for (partition, end) in take(&context.regained) {
             let Some(mut task) = parked_tasks.remove(&partition) else {
                 continue;
             };
@@ -1579,12 +1571,7 @@ pub fn run_pipeline<O: ServiceOperator>(
             }
             tasks.insert(partition, task);
         }
-        for assigned in context
-            .assigned
-            .lock()
-            .map(|mut a| std::mem::take(&mut *a))
-            .unwrap_or_default()
-        {
+        for assigned in take(&context.assigned) {
             let partition = assigned.partition;
             // Processing time counts from the first assignment: the consumer
             // fetches from then on, while the task restores.

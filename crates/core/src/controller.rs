@@ -566,12 +566,9 @@ impl TaskController {
             self.open = None;
             self.send_marker(open.covers, open.clean, actions);
         }
-        match self.phase {
-            Phase::Running if self.deferred.is_some() => {
-                let scope = self.deferred.unwrap_or(self.regular_scope());
-                self.issue_backup(scope, false, actions);
-            }
-            Phase::Stopping => self.advance_stop(actions),
+        match (self.phase, self.deferred) {
+            (Phase::Running, Some(scope)) => self.issue_backup(scope, false, actions),
+            (Phase::Stopping, _) => self.advance_stop(actions),
             _ => {}
         }
     }
