@@ -13,16 +13,19 @@
 //!   backup is open, so it writes at most what Kafka Streams' store logging
 //!   without a cache writes: a conservative baseline).
 //!
-//! Each case reports items/s and MB/s end to end (first task start to a clean
-//! stop with every output acknowledged and the state durable), the process's
+//! Each case reports items/s and MB/s end to end (first assignment until
+//! every output of every item is acknowledged; the clean stop's final complete
+//! backup, a one-off per stop, is reported apart), the process's
 //! CPU seconds per million items, changelog records and bytes, commits, peak
 //! RSS and input stalls; medians over the rounds, a Markdown table on stdout
 //! and JSON beside it.
 //!
-//! `cargo bench --bench kafka`; AFSTREAM_BENCH_ITEMS (default 50 000 per
+//! `cargo bench --bench kafka`; AFSTREAM_BENCH_ITEMS (default 300 000 per
 //! workload), AFSTREAM_BENCH_ROUNDS (default 3), AFSTREAM_BENCH_WORKLOADS
 //! (comma-separated names: word-count, heavy-hitters, online-join,
-//! logistic-regression; default all), AFSTREAM_BENCH_JSON (default
+//! logistic-regression; default all), AFSTREAM_BENCH_CASES (comma-separated:
+//! raw, none, approximate, tight, loose, exact-100, exact-30000, every-change;
+//! default all; none always runs), AFSTREAM_BENCH_JSON (default
 //! `<target dir>/afstream-bench/kafka.json`); AFSTREAM_TEST_BOOTSTRAP points it
 //! at a cluster instead of the project's own broker.
 
@@ -97,6 +100,10 @@ struct Measure {
     commits: f64,
     peak_rss_mib: f64,
     stall_share: f64,
+    /// Of the rounds that waited, the share that waited for outputs (γ).
+    output_stall_share: f64,
+    /// Mean time from a marker's send to its acknowledgement.
+    marker_ms: f64,
     stop_seconds: f64,
 }
 
@@ -190,6 +197,19 @@ impl Case {
         }
     }
 
+    /// Its name in `AFSTREAM_BENCH_CASES`.
+    fn key(self) -> String {
+        match self {
+            Case::Raw => "raw".into(),
+            Case::None => "none".into(),
+            Case::Approximate => "approximate".into(),
+            Case::Tight => "tight".into(),
+            Case::Loose => "loose".into(),
+            Case::Exact { millis } => format!("exact-{millis}"),
+            Case::EveryChange => "every-change".into(),
+        }
+    }
+
     fn configure(self, config: &mut Config) {
         let ft = &mut config.pipeline.fault_tolerance;
         match self {
@@ -232,17 +252,24 @@ fn pipeline(workload: &BenchWorkload, case: Case, state_dir: Option<&Path>, run_
     let cpu = cpu_seconds() - cpu;
     // Changelog records up to the clean stop, whose final complete backup (every
     // key once) is a one-off that a short run would otherwise count per item.
+    let (marker_total, markers) = report.tasks.iter().fold((Duration::ZERO, 0u64), |(total, n), t| {
+        (total + t.markers.total, n + t.markers.acknowledged)
+    });
     let stats = report.tasks.iter().map(|t| t.before_stop);
     let (mut items, mut records, mut bytes, mut commits, mut stalls) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut output_stalls = 0u64;
     for s in stats {
         items += s.items;
         records += s.backup_entries + s.markers;
         bytes += s.backup_bytes;
         commits += s.commits;
         stalls += s.stalls;
+        output_stalls += s.stalls_for_outputs;
     }
-    // End to end: until every output is acknowledged and the state is durable.
-    let seconds = (report.processing + report.stop).as_secs_f64().max(1e-9);
+    // End to end: from the first assignment until every output of every item
+    // is acknowledged. The clean stop's final complete backup is a one-off per
+    // stop, not a cost per item; it is reported apart ("clean stop").
+    let seconds = (report.processing + report.drained).as_secs_f64().max(1e-9);
     Measure {
         items_per_s: items as f64 / seconds,
         mb_per_s: workload.bytes as f64 / seconds / 1e6,
@@ -252,13 +279,15 @@ fn pipeline(workload: &BenchWorkload, case: Case, state_dir: Option<&Path>, run_
         commits: commits as f64,
         peak_rss_mib: peak_rss_mib(),
         stall_share: stalls as f64 / items.max(1) as f64,
+        output_stall_share: output_stalls as f64 / stalls.max(1) as f64,
+        marker_ms: marker_total.as_secs_f64() * 1e3 / markers.max(1) as f64,
         stop_seconds: report.stop.as_secs_f64(),
     }
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// The median of each figure over the rounds.
@@ -273,6 +302,8 @@ fn medians(runs: &[Measure]) -> Measure {
         commits: of(|m| m.commits),
         peak_rss_mib: of(|m| m.peak_rss_mib),
         stall_share: of(|m| m.stall_share),
+        output_stall_share: of(|m| m.output_stall_share),
+        marker_ms: of(|m| m.marker_ms),
         stop_seconds: of(|m| m.stop_seconds),
     }
 }
@@ -297,9 +328,13 @@ fn json_path() -> PathBuf {
 
 fn main() {
     // `cargo bench` passes `--bench`; this bench always runs in full.
-    let items = env_number("AFSTREAM_BENCH_ITEMS", 50_000);
+    let items = env_number("AFSTREAM_BENCH_ITEMS", 300_000);
     let rounds = env_number("AFSTREAM_BENCH_ROUNDS", 3).max(1);
     let chosen = std::env::var("AFSTREAM_BENCH_WORKLOADS").unwrap_or_default();
+    // `none` always runs: every ratio is to it.
+    let cases = std::env::var("AFSTREAM_BENCH_CASES").unwrap_or_default();
+    let runs_case =
+        |case: Case| case == Case::None || cases.is_empty() || cases.split(',').any(|c| c.trim() == case.key());
     let dir = std::env::temp_dir().join(format!("afstream-bench-{}", std::process::id()));
     let broker = common::Broker::start(&dir);
     let (address, own_broker) = (broker.address.clone(), broker.is_own());
@@ -338,8 +373,8 @@ fn main() {
         });
     }
     eprintln!("broker {address}: {items} items per workload, {rounds} rounds");
-    println!("| workload | case | items/s | MB/s | / none | CPU s per M items | changelog records (per item) | changelog MB | commits | peak RSS (MiB) | input waited | clean stop (s) |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| workload | case | items/s | MB/s | / none | CPU s per M items | changelog records (per item) | changelog MB | commits | peak RSS (MiB) | input waited (of it for γ) | marker round trip (ms) | clean stop (s) |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let mut run_id = 0;
     let state = dir.join("state");
     let mut report = Vec::new();
@@ -347,6 +382,9 @@ fn main() {
         let mut runs: Vec<Vec<Measure>> = vec![Vec::new(); Case::ALL.len()];
         for _ in 0..rounds {
             for (i, case) in Case::ALL.into_iter().enumerate() {
+                if !runs_case(case) {
+                    continue;
+                }
                 run_id += 1;
                 let measure = match case {
                     Case::Raw => raw_consumption(
@@ -371,9 +409,12 @@ fn main() {
         };
         let none = of(Case::None);
         for ((case, m), samples) in Case::ALL.into_iter().zip(&results).zip(&runs) {
+            if samples.is_empty() {
+                continue;
+            }
             let raw = matches!(case, Case::Raw);
             println!(
-                "| {} | {} | {:.0} | {:.2} | {:.3} | {:.1} | {} | {} | {} | {:.0} | {} | {} |",
+                "| {} | {} | {:.0} | {:.2} | {:.3} | {:.1} | {} | {} | {} | {:.0} | {} | {} | {} |",
                 workload.name,
                 case.name(),
                 m.items_per_s,
@@ -403,7 +444,12 @@ fn main() {
                 if raw {
                     String::new()
                 } else {
-                    format!("{:.2}%", 100.0 * m.stall_share)
+                    format!("{:.2}% (γ {:.0}%)", 100.0 * m.stall_share, 100.0 * m.output_stall_share)
+                },
+                if raw {
+                    String::new()
+                } else {
+                    format!("{:.1}", m.marker_ms)
                 },
                 if raw {
                     String::new()
@@ -425,7 +471,9 @@ fn main() {
                 "commits": m.commits,
                 "peak_rss_mib": m.peak_rss_mib,
                 "input_waited_share": m.stall_share,
+                "input_waited_for_outputs_share": m.output_stall_share,
                 "clean_stop_s": m.stop_seconds,
+                "marker_round_trip_ms": m.marker_ms,
                 "items_per_s_runs": samples.iter().map(|s| s.items_per_s).collect::<Vec<_>>(),
             }));
         }

@@ -3,7 +3,7 @@
 //! markers and stores offsets. The loop here only moves records and
 //! acknowledgements between Kafka and the drivers; every decision is the core's.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -76,15 +76,20 @@ pub struct RunReport {
     pub processing: Duration,
     /// The clean stop: final complete backups, markers, commits.
     pub stop: Duration,
+    /// The first part of the clean stop: until every output of every item read
+    /// was acknowledged (before the final backups, a one-off per stop).
+    pub drained: Duration,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct TaskReport {
     pub partition: i32,
     /// At the end of the run.
     pub stats: DriverStats,
     /// When the clean stop began (without its final complete backup).
     pub before_stop: DriverStats,
+    /// Markers' round trips over the run.
+    pub markers: MarkerRoundTrips,
     pub undecodable: u64,
 }
 
@@ -528,6 +533,46 @@ struct Flight {
     /// output may be lost there, within γ; a dead letter never).
     dead_letters_in_flight: usize,
     retry: RetryBackoff,
+    markers: MarkerRoundTrips,
+}
+
+/// How long markers take from the producer to their acknowledgement: input
+/// waits once l items are past the last acknowledged marker, so l must cover
+/// more than this many items (see the README's tuning notes).
+#[derive(Clone, Debug, Default)]
+pub struct MarkerRoundTrips {
+    /// Markers sent and not yet acknowledged, with when they were sent.
+    in_flight: VecDeque<(u64, Instant)>,
+    pub acknowledged: u64,
+    pub total: Duration,
+    pub longest: Duration,
+}
+
+impl MarkerRoundTrips {
+    fn sent(&mut self, seq: u64) {
+        self.in_flight.push_back((seq, Instant::now()));
+    }
+
+    /// Marker `seq` was acknowledged (or failed: `acknowledged` false).
+    fn done(&mut self, seq: u64, acknowledged: bool) {
+        let Some(index) = self.in_flight.iter().position(|&(s, _)| s == seq) else {
+            return;
+        };
+        let Some((_, sent)) = self.in_flight.remove(index) else {
+            return;
+        };
+        if acknowledged {
+            let took = sent.elapsed();
+            self.acknowledged += 1;
+            self.total += took;
+            self.longest = self.longest.max(took);
+        }
+    }
+
+    /// The mean round trip, if any marker was acknowledged.
+    pub fn mean(&self) -> Option<Duration> {
+        (self.acknowledged > 0).then(|| self.total / self.acknowledged.min(u64::from(u32::MAX)) as u32)
+    }
 }
 
 /// After a failed delivery, nothing of the task goes out for a while, doubling
@@ -1080,7 +1125,11 @@ impl<O: ServiceOperator> Task<O> {
         }
         self.flight.unwritten = false;
         for (entry, delivery) in std::mem::take(&mut self.flight.changelog) {
-            if let Err(error) = send_to_changelog(shared, self.partition, &entry, delivery) {
+            let sent = send_to_changelog(shared, self.partition, &entry, delivery);
+            if let (Delivery::Marker { seq, .. }, Ok(())) = (delivery, &sent) {
+                self.flight.markers.sent(seq);
+            }
+            if let Err(error) = sent {
                 match delivery {
                     Delivery::Marker { seq, .. } => {
                         tracing::warn!(partition = self.partition, seq, %error, "marker not sent; it is retried");
@@ -1168,8 +1217,12 @@ impl<O: ServiceOperator> Task<O> {
                 }
                 self.flight.backup_record_done(seq, failure.is_some());
             }
-            (Delivery::Marker { seq, .. }, None) => self.acknowledge(shared, Ack::MarkerWritten(seq)),
+            (Delivery::Marker { seq, .. }, None) => {
+                self.flight.markers.done(seq, true);
+                self.acknowledge(shared, Ack::MarkerWritten(seq))
+            }
             (Delivery::Marker { seq, .. }, Some(failed)) => {
+                self.flight.markers.done(seq, false);
                 tracing::warn!(partition = self.partition, seq, error = %failed.error, "marker not delivered; it is retried");
                 self.acknowledge(shared, Ack::MarkerFailed(seq));
             }
@@ -1476,6 +1529,7 @@ pub fn run_pipeline<O: ServiceOperator>(
     let mut tasks: BTreeMap<i32, Task<O>> = BTreeMap::new();
     let mut events: Vec<DeliveryEvent> = Vec::new();
     let mut stopping: Option<Instant> = None;
+    let mut drained: Option<Duration> = None;
     let mut first_task: Option<Instant> = None;
     let mut worked = true;
     let mut idle_rounds: u32 = 0;
@@ -1696,6 +1750,13 @@ pub fn run_pipeline<O: ServiceOperator>(
             stopping = Some(Instant::now());
         }
         if let Some(since) = stopping {
+            if drained.is_none()
+                && tasks
+                    .values()
+                    .all(|t| t.driver.controller().unacknowledged_outputs() == 0)
+            {
+                drained = Some(since.elapsed());
+            }
             if tasks.values().all(|t| t.driver.is_stopped()) {
                 break;
             }
@@ -1722,6 +1783,7 @@ pub fn run_pipeline<O: ServiceOperator>(
             .map(|t| stop_began.saturating_duration_since(t))
             .unwrap_or_default(),
         stop: stop_began.elapsed(),
+        drained: drained.unwrap_or_default(),
     };
     for task in tasks.values_mut() {
         task.publish();
@@ -1730,6 +1792,7 @@ pub fn run_pipeline<O: ServiceOperator>(
             partition: task.partition,
             stats,
             before_stop: task.before_stop.unwrap_or(stats),
+            markers: task.flight.markers.clone(),
             undecodable: task.batch.undecodable,
         });
         tracing::info!(
@@ -1740,6 +1803,7 @@ pub fn run_pipeline<O: ServiceOperator>(
             backup_entries = stats.backup_entries,
             markers = stats.markers,
             stalls = stats.stalls,
+            marker_round_trip_ms = task.flight.markers.mean().map_or(0.0, |d| d.as_secs_f64() * 1e3),
             rejected = stats.rejected,
             undecodable = task.batch.undecodable,
             "task stopped cleanly"

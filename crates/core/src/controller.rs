@@ -8,10 +8,13 @@
 //! (outputs):
 //!
 //! * **Backups.** After an item, a backup is issued when the divergence from the
-//!   last acknowledged backup exceeds θ (it writes the drifted entries), or ⌈l/4⌉
-//!   items have passed since the last backup was issued (so input waits only
-//!   when a marker takes longer than ¾·l items of input to come back; markers
-//!   are not waited for one by one, several may be in flight). A backup
+//!   last acknowledged backup exceeds θ (it writes the drifted entries), and at
+//!   the end of a run of input (the items a poll gave, or as many as the window
+//!   let through) once ⌈l/4⌉ items have passed since the last backup was issued
+//!   (so input waits only when a marker takes longer than ¾·l items of input to
+//!   come back; markers are not waited for one by one, several may be in
+//!   flight; a backup at the end of the run covers all of it, where one issued
+//!   mid-run would leave the rest of the run to a second backup behind it). A backup
 //!   for l while the divergence is within θ writes only what failed writes owe
 //!   (`BackupScope::Owed`): its marker moves the recovery point over a logged
 //!   state that is within θ of the live one, which is all the bound needs, so
@@ -245,6 +248,7 @@ pub struct TaskController {
     interval_items: u64,
     interval_started_ms: u64,
     stalls: u64,
+    stalls_for_outputs: u64,
 }
 
 /// Backups issued for l per window of l items: a marker may take up to
@@ -309,6 +313,7 @@ impl TaskController {
             interval_items: 0,
             interval_started_ms: now_ms,
             stalls: 0,
+            stalls_for_outputs: 0,
         };
         controller.count_failures();
         if controller.mode != Mode::None {
@@ -408,9 +413,18 @@ impl TaskController {
         Ok(())
     }
 
-    /// The task had input but had to wait: counted for the stall figures.
-    pub fn count_stall(&mut self) {
+    /// The task had input but had to wait, for this reason: counted for the
+    /// stall figures.
+    pub fn count_stall(&mut self, reason: Blocked) {
         self.stalls += 1;
+        if reason == Blocked::Outputs {
+            self.stalls_for_outputs += 1;
+        }
+    }
+
+    /// How often input waited because γ outputs could be unacknowledged.
+    pub fn stalls_for_outputs(&self) -> u64 {
+        self.stalls_for_outputs
     }
 
     /// How often input waited for an acknowledgement.
@@ -452,18 +466,38 @@ impl TaskController {
             Mode::None => {}
             Mode::Approximate => {
                 // The common case, kept to two comparisons: nothing due.
-                let over = divergence > self.thresholds.theta;
-                if over || self.processed.items - self.last_issued.items >= self.lead {
+                if divergence > self.thresholds.theta {
+                    self.trigger(BackupScope::Drifted, actions);
+                } else if self.processed.items - self.last_issued.items >= self.lead {
                     // Within θ only the marker must move: the drift stays
-                    // unwritten (see `BackupScope::Owed`).
-                    let scope = if over { BackupScope::Drifted } else { BackupScope::Owed };
-                    self.trigger(scope, actions);
+                    // unwritten (see `BackupScope::Owed`). Issued when the run
+                    // of input ends, so it covers the whole run (see
+                    // `run_ended`).
+                    self.deferred = Some(
+                        self.deferred
+                            .map_or(BackupScope::Owed, |d| widest(d, BackupScope::Owed)),
+                    );
                 }
             }
             Mode::Exact(interval) => {
                 self.interval_items += 1;
                 self.exact_interval_check(interval, now_ms, actions);
             }
+        }
+    }
+
+    /// The task took the items it had (or input must wait): a backup due for l
+    /// goes out now, covering every item of the run. Issued item by item, the
+    /// first would cover a quarter of a run that fills the window, and the rest
+    /// would wait for its round trips.
+    pub fn run_ended(&mut self, actions: &mut Vec<Action>) {
+        if self.phase != Phase::Running || self.open.is_some() {
+            return;
+        }
+        // An owed-only scope is still enough: had the divergence passed θ since,
+        // its trigger would have widened it.
+        if let Some(scope) = self.deferred {
+            self.issue_backup(scope, false, actions);
         }
     }
 
@@ -566,9 +600,9 @@ impl TaskController {
             self.open = None;
             self.send_marker(open.covers, open.clean, actions);
         }
-        match (self.phase, self.deferred) {
-            (Phase::Running, Some(scope)) => self.issue_backup(scope, false, actions),
-            (Phase::Stopping, _) => self.advance_stop(actions),
+        match self.phase {
+            Phase::Running => self.run_ended(actions),
+            Phase::Stopping => self.advance_stop(actions),
             _ => {}
         }
     }

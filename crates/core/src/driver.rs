@@ -76,6 +76,8 @@ pub struct DriverStats {
     pub commits: u64,
     /// Batches in which input had to wait for an acknowledgement.
     pub stalls: u64,
+    /// Of those, the batches in which it waited for outputs (γ).
+    pub stalls_for_outputs: u64,
 }
 
 /// Test-only faults: a driver that breaks its guarantees, so that the property
@@ -184,6 +186,7 @@ impl<O: Operator> TaskDriver<O> {
     pub fn stats(&self) -> DriverStats {
         DriverStats {
             stalls: self.controller.stalls(),
+            stalls_for_outputs: self.controller.stalls_for_outputs(),
             ..self.stats
         }
     }
@@ -192,12 +195,14 @@ impl<O: Operator> TaskDriver<O> {
     /// is read like one and goes where rejected items go ([`TaskIo::rejected`]).
     /// Returns false, taking nothing, when input must wait.
     pub fn refuse(&mut self, offset: u64, reason: &Rejected, now_ms: u64, io: &mut impl TaskIo<O::Output>) -> bool {
-        if self.controller.readiness().is_err() {
-            self.controller.count_stall();
+        if let Err(reason) = self.controller.readiness() {
+            self.controller.count_stall(reason);
             return false;
         }
         let sent = self.reject(offset, reason, io);
         self.item_done(offset, sent, now_ms, io);
+        self.controller.run_ended(&mut self.actions);
+        self.execute(io);
         true
     }
 
@@ -228,14 +233,16 @@ impl<O: Operator> TaskDriver<O> {
         let mut items = items.into_iter().peekable();
         let mut taken = 0;
         while items.peek().is_some() {
-            if self.controller.readiness().is_err() {
-                self.controller.count_stall();
+            if let Err(reason) = self.controller.readiness() {
+                self.controller.count_stall(reason);
                 break;
             }
             let Some((offset, item)) = items.next() else { break };
             self.process_one(offset, item, now_ms, io)?;
             taken += 1;
         }
+        self.controller.run_ended(&mut self.actions);
+        self.execute(io);
         Ok(taken)
     }
 

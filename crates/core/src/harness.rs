@@ -443,6 +443,7 @@ where
         t.markers_failed += s.markers_failed;
         t.commits += s.commits;
         t.stalls += s.stalls;
+        t.stalls_for_outputs += s.stalls_for_outputs;
     }
 
     fn crash(&mut self) -> Result<(), CoreError> {

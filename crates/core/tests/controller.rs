@@ -43,6 +43,20 @@ fn markers(actions: &[Action]) -> Vec<BackupMarker> {
         .collect()
 }
 
+/// One item processed as a run of its own (a backup due for l goes out at the
+/// end of a run).
+fn one_item(
+    c: &mut TaskController,
+    offset: u64,
+    outputs: u64,
+    divergence: f64,
+    now_ms: u64,
+    actions: &mut Vec<Action>,
+) {
+    c.item_processed(offset, outputs, divergence, now_ms, actions);
+    c.run_ended(actions);
+}
+
 /// A started task whose start marker is acknowledged.
 fn running(config: ControllerConfig) -> TaskController {
     let mut actions = Vec::new();
@@ -77,13 +91,13 @@ fn backs_up_when_divergence_crosses_theta_and_not_before() {
     let mut c = running(config(Mode::Approximate, 20.0, 1000, 100));
     let mut actions = Vec::new();
     for offset in 0..10 {
-        c.item_processed(offset, 0, (offset + 1) as f64, 0, &mut actions);
+        one_item(&mut c, offset, 0, (offset + 1) as f64, 0, &mut actions);
     }
     assert!(backups(&actions).is_empty(), "divergence 10 is not over θ = 10");
-    c.item_processed(10, 0, 11.0, 0, &mut actions);
+    one_item(&mut c, 10, 0, 11.0, 0, &mut actions);
     assert_eq!(backups(&actions), vec![(1, BackupScope::Drifted)]);
     actions.clear();
-    c.item_processed(11, 0, 12.0, 0, &mut actions);
+    one_item(&mut c, 11, 0, 12.0, 0, &mut actions);
     assert!(backups(&actions).is_empty(), "one backup open at a time");
     // The trigger waited: once the open backup's marker goes out, the next backup
     // covers both items.
@@ -98,10 +112,10 @@ fn backs_up_every_quarter_l_items() {
     let mut c = running(config(Mode::Approximate, 1e9, 80, 100));
     let mut actions = Vec::new();
     for offset in 0..9 {
-        c.item_processed(offset, 0, 0.0, 0, &mut actions);
+        one_item(&mut c, offset, 0, 0.0, 0, &mut actions);
     }
     assert!(backups(&actions).is_empty());
-    c.item_processed(9, 0, 0.0, 0, &mut actions);
+    one_item(&mut c, 9, 0, 0.0, 0, &mut actions);
     let [(seq, _)] = backups(&actions)[..] else {
         panic!("{actions:?}")
     };
@@ -109,11 +123,38 @@ fn backs_up_every_quarter_l_items() {
     // The next one comes ⌈l/4⌉ items after this one, not sooner.
     actions.clear();
     for offset in 10..19 {
-        c.item_processed(offset, 0, 0.0, 0, &mut actions);
+        one_item(&mut c, offset, 0, 0.0, 0, &mut actions);
     }
     assert!(backups(&actions).is_empty(), "{actions:?}");
-    c.item_processed(19, 0, 0.0, 0, &mut actions);
+    one_item(&mut c, 19, 0, 0.0, 0, &mut actions);
     assert_eq!(backups(&actions).len(), 1);
+}
+
+#[test]
+fn a_backup_for_l_goes_out_when_the_run_ends_and_covers_all_of_it() {
+    // L = 80 → l = 40, a backup every 10 items; one run of 35 items.
+    let mut c = running(config(Mode::Approximate, 1e9, 80, 100));
+    let mut actions = Vec::new();
+    for offset in 0..35 {
+        c.item_processed(offset, 0, 0.0, 0, &mut actions);
+    }
+    assert!(backups(&actions).is_empty(), "nothing mid-run: {actions:?}");
+    c.run_ended(&mut actions);
+    let [(seq, BackupScope::Owed)] = backups(&actions)[..] else {
+        panic!("one owed-only backup for the run: {actions:?}")
+    };
+    complete_backup(&mut c, seq);
+    assert_eq!(c.marked().offset, 35, "its marker covers the whole run");
+    // A run shorter than ⌈l/4⌉ owes no backup.
+    actions.clear();
+    for offset in 35..44 {
+        c.item_processed(offset, 0, 0.0, 0, &mut actions);
+    }
+    c.run_ended(&mut actions);
+    assert!(backups(&actions).is_empty(), "{actions:?}");
+    // A θ trigger does not wait for the end of the run.
+    c.item_processed(44, 0, 2e9, 0, &mut actions);
+    assert_eq!(backups(&actions)[..], [(seq + 2, BackupScope::Drifted)], "{actions:?}");
 }
 
 #[test]
@@ -122,7 +163,7 @@ fn a_backup_for_l_within_theta_writes_only_what_is_owed_and_a_later_theta_trigge
     let mut c = running(config(Mode::Approximate, 20.0, 80, 100));
     let mut actions = Vec::new();
     for offset in 0..10 {
-        c.item_processed(offset, 0, 5.0, 0, &mut actions);
+        one_item(&mut c, offset, 0, 5.0, 0, &mut actions);
     }
     let [(seq, BackupScope::Owed)] = backups(&actions)[..] else {
         panic!("l with the divergence (5) within θ (10) moves only the marker: {actions:?}")
@@ -130,7 +171,7 @@ fn a_backup_for_l_within_theta_writes_only_what_is_owed_and_a_later_theta_trigge
     complete_backup(&mut c, seq);
     actions.clear();
     for offset in 10..20 {
-        c.item_processed(offset, 0, 5.0, 0, &mut actions);
+        one_item(&mut c, offset, 0, 5.0, 0, &mut actions);
     }
     let [(open, BackupScope::Owed)] = backups(&actions)[..] else {
         panic!("{actions:?}")
@@ -139,11 +180,11 @@ fn a_backup_for_l_within_theta_writes_only_what_is_owed_and_a_later_theta_trigge
     // the deferred backup writes the drift.
     actions.clear();
     for offset in 20..30 {
-        c.item_processed(offset, 0, 5.0, 0, &mut actions);
+        one_item(&mut c, offset, 0, 5.0, 0, &mut actions);
     }
-    c.item_processed(30, 0, 11.0, 0, &mut actions);
+    one_item(&mut c, 30, 0, 11.0, 0, &mut actions);
     for offset in 31..35 {
-        c.item_processed(offset, 0, 5.0, 0, &mut actions);
+        one_item(&mut c, offset, 0, 5.0, 0, &mut actions);
     }
     assert!(backups(&actions).is_empty(), "one backup open at a time");
     c.backup_written(open, &mut actions);
@@ -154,12 +195,12 @@ fn a_backup_for_l_within_theta_writes_only_what_is_owed_and_a_later_theta_trigge
 fn a_marker_waits_for_its_entries_and_the_outputs_before_it_then_commits() {
     let mut c = running(config(Mode::Approximate, 20.0, 1000, 100));
     let mut actions = Vec::new();
-    c.item_processed(0, 2, 1.0, 0, &mut actions);
-    c.item_processed(1, 0, 11.0, 0, &mut actions);
+    one_item(&mut c, 0, 2, 1.0, 0, &mut actions);
+    one_item(&mut c, 1, 0, 11.0, 0, &mut actions);
     let [(seq, _)] = backups(&actions)[..] else {
         panic!("{actions:?}")
     };
-    c.item_processed(2, 1, 11.0, 0, &mut actions);
+    one_item(&mut c, 2, 1, 11.0, 0, &mut actions);
     actions.clear();
     c.backup_written(seq, &mut actions);
     assert!(markers(&actions).is_empty(), "item 0's outputs are not acknowledged");
@@ -190,7 +231,7 @@ fn input_waits_at_l_items_past_the_last_acknowledged_marker() {
     let mut actions = Vec::new();
     for offset in 0..8 {
         assert_eq!(c.readiness(), Ok(()));
-        c.item_processed(offset, 0, 0.0, 0, &mut actions);
+        one_item(&mut c, offset, 0, 0.0, 0, &mut actions);
     }
     assert_eq!(c.readiness(), Err(Blocked::Window));
     assert_eq!(c.items_past_marker(), 8);
@@ -208,7 +249,7 @@ fn input_waits_at_gamma_unacknowledged_outputs() {
     let mut actions = Vec::new();
     for offset in 0..4 {
         assert_eq!(c.readiness(), Ok(()));
-        c.item_processed(offset, 1, 0.0, 0, &mut actions);
+        one_item(&mut c, offset, 1, 0.0, 0, &mut actions);
     }
     assert_eq!(c.readiness(), Err(Blocked::Outputs));
     c.outputs_acknowledged(2, 1, &mut actions);
@@ -219,8 +260,8 @@ fn input_waits_at_gamma_unacknowledged_outputs() {
 fn a_failed_backup_is_issued_again_at_once() {
     let mut c = running(config(Mode::Approximate, 20.0, 1000, 100));
     let mut actions = Vec::new();
-    c.item_processed(0, 0, 11.0, 0, &mut actions);
-    c.item_processed(1, 0, 12.0, 0, &mut actions);
+    one_item(&mut c, 0, 0, 11.0, 0, &mut actions);
+    one_item(&mut c, 1, 0, 12.0, 0, &mut actions);
     let [(seq, _)] = backups(&actions)[..] else {
         panic!("{actions:?}")
     };
@@ -245,7 +286,7 @@ fn a_failed_backup_is_issued_again_at_once() {
 fn a_failed_marker_is_covered_by_a_new_backup() {
     let mut c = running(config(Mode::Approximate, 20.0, 1000, 100));
     let mut actions = Vec::new();
-    c.item_processed(0, 0, 11.0, 0, &mut actions);
+    one_item(&mut c, 0, 0, 11.0, 0, &mut actions);
     let seq = backups(&actions)[0].0;
     actions.clear();
     c.backup_written(seq, &mut actions);
@@ -260,12 +301,12 @@ fn a_failed_marker_is_covered_by_a_new_backup() {
 fn a_marker_that_fails_while_a_backup_is_open_waits_for_it() {
     let mut c = running(config(Mode::Approximate, 20.0, 1000, 100));
     let mut actions = Vec::new();
-    c.item_processed(0, 0, 11.0, 0, &mut actions);
+    one_item(&mut c, 0, 0, 11.0, 0, &mut actions);
     let first = backups(&actions)[0].0;
     actions.clear();
     c.backup_written(first, &mut actions);
     let marker = markers(&actions)[0];
-    c.item_processed(1, 0, 11.0, 0, &mut actions);
+    one_item(&mut c, 1, 0, 11.0, 0, &mut actions);
     let second = backups(&actions)[0].0;
     actions.clear();
     c.marker_failed(marker.seq, &mut actions);
@@ -288,19 +329,19 @@ fn exact_mode_backs_up_completely_every_interval() {
     let mut c = running(config(mode, 1.0, 1, 100));
     assert_eq!(c.operator_theta(), f64::INFINITY, "exact backups are never partial");
     let mut actions = Vec::new();
-    c.item_processed(0, 1, 0.0, 0, &mut actions);
-    c.item_processed(1, 0, 0.0, 0, &mut actions);
+    one_item(&mut c, 0, 1, 0.0, 0, &mut actions);
+    one_item(&mut c, 1, 0, 0.0, 0, &mut actions);
     assert!(backups(&actions).is_empty());
-    c.item_processed(2, 0, 0.0, 0, &mut actions);
+    one_item(&mut c, 2, 0, 0.0, 0, &mut actions);
     let [(seq, BackupScope::Complete)] = backups(&actions)[..] else {
         panic!("{actions:?}")
     };
     actions.clear();
     c.backup_written(seq, &mut actions);
     assert!(markers(&actions).is_empty(), "item 0's output first");
-    c.item_processed(3, 0, 0.0, 0, &mut actions);
-    c.item_processed(4, 0, 0.0, 0, &mut actions);
-    c.item_processed(5, 0, 0.0, 0, &mut actions);
+    one_item(&mut c, 3, 0, 0.0, 0, &mut actions);
+    one_item(&mut c, 4, 0, 0.0, 0, &mut actions);
+    one_item(&mut c, 5, 0, 0.0, 0, &mut actions);
     assert!(
         backups(&actions).is_empty(),
         "the next interval's backup waits for the open one"
@@ -325,12 +366,12 @@ fn exact_mode_backs_up_on_time_too() {
     let mut actions = Vec::new();
     c.tick(150, &mut actions);
     assert!(backups(&actions).is_empty(), "no items, nothing to back up");
-    c.item_processed(0, 0, 0.0, 160, &mut actions);
+    one_item(&mut c, 0, 0, 0.0, 160, &mut actions);
     assert_eq!(backups(&actions).len(), 1, "the interval had passed");
     let seq = backups(&actions)[0].0;
     complete_backup(&mut c, seq);
     actions.clear();
-    c.item_processed(1, 0, 0.0, 170, &mut actions);
+    one_item(&mut c, 1, 0, 0.0, 170, &mut actions);
     c.tick(200, &mut actions);
     assert!(backups(&actions).is_empty(), "40 ms since the last interval began");
     c.tick(260, &mut actions);
@@ -343,7 +384,7 @@ fn mode_none_writes_nothing_and_commits_at_a_clean_stop() {
     let mut actions = Vec::new();
     for offset in 0..100 {
         assert_eq!(c.readiness(), Ok(()));
-        c.item_processed(offset, 1, 1e9, 0, &mut actions);
+        one_item(&mut c, offset, 1, 1e9, 0, &mut actions);
     }
     assert!(actions.is_empty());
     c.begin_stop(&mut actions);
@@ -360,7 +401,7 @@ fn a_clean_stop_takes_a_complete_backup_and_a_clean_marker() {
     let mut c = running(config(Mode::Approximate, 100.0, 1000, 100));
     let mut actions = Vec::new();
     for offset in 0..5 {
-        c.item_processed(offset, 0, 1.0, 0, &mut actions);
+        one_item(&mut c, offset, 0, 1.0, 0, &mut actions);
     }
     actions.clear();
     c.begin_stop(&mut actions);
@@ -389,7 +430,7 @@ fn a_clean_stop_takes_a_complete_backup_and_a_clean_marker() {
 fn a_clean_stop_waits_for_the_backup_in_flight_before_its_own() {
     let mut c = running(config(Mode::Approximate, 2.0, 1000, 100));
     let mut actions = Vec::new();
-    c.item_processed(0, 0, 5.0, 0, &mut actions);
+    one_item(&mut c, 0, 0, 5.0, 0, &mut actions);
     let [(open, BackupScope::Drifted)] = backups(&actions)[..] else {
         panic!("over θ: a backup {actions:?}")
     };
@@ -476,7 +517,7 @@ fn under_the_recovering_policy_thresholds_come_back_after_the_window() {
     c.marker_written(start, &mut actions);
     actions.clear();
     for offset in 50..109 {
-        c.item_processed(offset, 0, 0.0, 0, &mut actions);
+        one_item(&mut c, offset, 0, 0.0, 0, &mut actions);
         let seqs: Vec<u64> = backups(&actions).iter().map(|b| b.0).collect();
         for seq in seqs {
             complete_backup(&mut c, seq);
@@ -484,7 +525,7 @@ fn under_the_recovering_policy_thresholds_come_back_after_the_window() {
         actions.clear();
     }
     assert_eq!(c.thresholds().theta, 64.0 / 8.0);
-    c.item_processed(109, 0, 0.0, 0, &mut actions);
+    one_item(&mut c, 109, 0, 0.0, 0, &mut actions);
     assert_eq!(
         c.thresholds().theta,
         64.0 / 4.0,
@@ -514,7 +555,7 @@ fn the_state_a_task_reports() {
     let mut c = running(config(Mode::Approximate, 20.0, 40, 100));
     let mut actions = Vec::new();
     assert!(!c.backup_open());
-    c.item_processed(0, 2, 11.0, 0, &mut actions);
+    one_item(&mut c, 0, 2, 11.0, 0, &mut actions);
     assert_eq!(c.unacknowledged_outputs(), 2);
     assert!(c.backup_open(), "θ crossed: a backup's entries are on their way");
     let seq = backups(&actions)[0].0;
@@ -536,8 +577,8 @@ fn a_backups_entries_go_out_only_after_the_outputs_it_covers_are_acknowledged() 
     // Θ = 20 → θ = 10; each item makes one output.
     let mut c = running(config(Mode::Approximate, 20.0, 1000, 100));
     let mut actions = Vec::new();
-    c.item_processed(0, 1, 5.0, 0, &mut actions);
-    c.item_processed(1, 1, 11.0, 0, &mut actions);
+    one_item(&mut c, 0, 1, 5.0, 0, &mut actions);
+    one_item(&mut c, 1, 1, 11.0, 0, &mut actions);
     let issued = backups(&actions);
     assert_eq!(issued.len(), 1, "θ crossed: {actions:?}");
     let seq = issued[0].0;
@@ -550,7 +591,7 @@ fn a_backups_entries_go_out_only_after_the_outputs_it_covers_are_acknowledged() 
     c.outputs_acknowledged(0, 1, &mut actions);
     assert!(!sent(&actions), "item 1's output is still in flight: {actions:?}");
     // An item after the backup does not hold it back.
-    c.item_processed(2, 1, 12.0, 0, &mut actions);
+    one_item(&mut c, 2, 1, 12.0, 0, &mut actions);
     c.outputs_acknowledged(1, 1, &mut actions);
     assert!(
         sent(&actions),

@@ -87,7 +87,8 @@ fn refused_records_are_read_and_their_dead_letters_hold_back_the_marker() {
     assert_eq!(driver.controller().processed().offset, 4, "a refused record is read");
     assert_eq!(driver.controller().unacknowledged_outputs(), 5);
 
-    // L = 16 gives this task l = 8: a backup is due every two records. A backup's
+    // L = 16 gives this task l = 8: a backup is due every two records, issued
+    // at the end of a run (the first covers the run of three). A backup's
     // entries and then its marker wait for every output and dead letter before
     // its offset.
     acknowledge_backups(&mut driver, &mut io);
@@ -106,7 +107,23 @@ fn refused_records_are_read_and_their_dead_letters_hold_back_the_marker() {
         "a marker passed the dead letter of offset 3 unacknowledged: {:?}",
         io.markers
     );
-    assert_eq!(io.markers.last().map(|m| m.input_offset), Some(2));
+    assert_eq!(io.markers.last().map(|m| m.input_offset), Some(3));
+    // One more line: a backup past the dead letter is due.
+    let more = "d".to_string();
+    assert_eq!(driver.process([(4, &more)], 0, &mut io).expect("processed"), 1);
+    driver.acknowledge(
+        Ack::Output {
+            item_offset: 4,
+            count: 1,
+        },
+        &mut io,
+    );
+    acknowledge_backups(&mut driver, &mut io);
+    assert_eq!(
+        io.markers.last().map(|m| m.input_offset),
+        Some(3),
+        "a marker passed the dead letter of offset 3 unacknowledged"
+    );
     driver.acknowledge(
         Ack::Output {
             item_offset: 3,
@@ -117,7 +134,7 @@ fn refused_records_are_read_and_their_dead_letters_hold_back_the_marker() {
     acknowledge_backups(&mut driver, &mut io);
     assert_eq!(
         io.markers.last().map(|m| m.input_offset),
-        Some(4),
+        Some(5),
         "the marker past offset 3 follows its dead letter"
     );
 }
