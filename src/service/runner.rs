@@ -1174,6 +1174,18 @@ impl<O: ServiceOperator> Task<O> {
     }
 
     fn delivered(&mut self, shared: &Shared<'_>, event: DeliveryEvent, now_ms: u64) {
+        let changelog = matches!(event.delivery, Delivery::BackupRecord { .. } | Delivery::Marker { .. });
+        if changelog && event.failure.is_some() {
+            if let Some((code, reason)) = shared.changelog_producer.client().fatal_error() {
+                // No record may land behind the failed one: the producer stopped.
+                self.flight.fatal.get_or_insert(format!(
+                    "the changelog's producer stopped ({code:?}: {reason}); a restart recovers from the last \
+                     marker in {}",
+                    shared.topics.changelog
+                ));
+                return;
+            }
+        }
         match &event.failure {
             None => self.flight.retry.succeeded(),
             Some(failed) if failed.code.is_some_and(is_permanent) => {
@@ -1379,12 +1391,23 @@ fn deliver_reports<O: ServiceOperator>(
     any
 }
 
-/// An idempotent producer whose delivery reports carry a packed [`Delivery`].
+/// The changelog's producer is gapless: a record lands only if every record
+/// before it in the partition landed. A marker goes out right behind its
+/// backup's entries and recovery trusts that a marker in the log has them all
+/// before it. librdkafka's gapless guarantee turns any failure that could
+/// leave a gap into a fatal error; a record that times out is the one gap it
+/// allows, so records never time out (during an outage input waits on the
+/// window instead). Set after the user's properties: recovery depends on them.
+const GAPLESS_CHANGELOG: &[(&str, &str)] = &[("enable.gapless.guarantee", "true"), ("message.timeout.ms", "0")];
+
+/// An idempotent producer whose delivery reports carry a packed [`Delivery`],
+/// with `fixed` properties over the user's.
 fn idempotent_producer(
     kafka: &super::config::KafkaConfig,
     linger_ms: &str,
+    fixed: &[(&str, &str)],
 ) -> Result<BaseProducer<DeliveryReports>, KafkaError> {
-    client_config(
+    let mut config = client_config(
         kafka,
         ClientRole::Producer,
         &[
@@ -1392,8 +1415,11 @@ fn idempotent_producer(
             ("linger.ms", linger_ms),
             ("compression.type", "lz4"),
         ],
-    )
-    .create_with_context(DeliveryReports::default())
+    );
+    for (key, value) in fixed {
+        config.set(*key, *value);
+    }
+    config.create_with_context(DeliveryReports::default())
 }
 
 /// Runs the pipeline until `stop` is set (then stops cleanly) or, with
@@ -1453,11 +1479,11 @@ pub fn run_pipeline<O: ServiceOperator>(
     }
 
     // Outputs linger a little to batch; backups and markers go out at once, since
-    // input waits on their round trips (entries, then the marker) once l items
-    // are past the last marker. Separate producers keep each order: the
-    // changelog's within its partition, outputs' per key.
-    let producer = Arc::new(idempotent_producer(kafka, "5")?);
-    let changelog_producer = Arc::new(idempotent_producer(kafka, "0")?);
+    // input waits on their round trip once l items are past the last marker.
+    // Separate producers keep each order: the changelog's within its partition
+    // (gapless), outputs' per key.
+    let producer = Arc::new(idempotent_producer(kafka, "5", &[])?);
+    let changelog_producer = Arc::new(idempotent_producer(kafka, "0", GAPLESS_CHANGELOG)?);
     let context = GroupContext {
         group: kafka.group_id.clone(),
         input_topic: topics.input.clone(),

@@ -18,9 +18,9 @@
 //!   for l while the divergence is within θ writes only what failed writes owe
 //!   (`BackupScope::Owed`): its marker moves the recovery point over a logged
 //!   state that is within θ of the live one, which is all the bound needs, so
-//!   l costs a marker, not the drift of ⌈l/4⌉ items. At most one backup is *open* (issued, marker not
-//!   yet written): the next backup's entries go out only after the previous
-//!   marker, so the changelog after its last marker holds at most one
+//!   l costs a marker, not the drift of ⌈l/4⌉ items. At most one backup is *open* (issued, entries
+//!   not yet acknowledged): the next backup's entries go out only after the
+//!   previous marker, so the changelog after its last marker holds at most one
 //!   incomplete backup. A trigger that arrives while a backup is open waits for
 //!   it; the later backup then covers more items (an every-change changelog
 //!   coalesced per round trip, never more records than one). A backup is
@@ -29,10 +29,16 @@
 //!   the last marker is restored, and it must never carry the effect of an
 //!   output that may be lost (a flow marked reported whose report never arrived
 //!   would never be reported).
-//! * **Markers.** A backup's marker (input offset P, sequence, k, thresholds) is
-//!   written once the backup's entries are acknowledged and every output of the
-//!   items before P is acknowledged: a marker never covers a lost output, and a
-//!   marker in the log implies its backup is in the log.
+//! * **Markers.** A backup's marker (input offset P, sequence, k, thresholds)
+//!   goes out right behind the backup's entries, once every output of the items
+//!   before P is acknowledged: a marker never covers a lost output. The adapter
+//!   writes the changelog in order and without gaps (one idempotent producer,
+//!   one partition; a write that fails fails every write behind it), so a marker
+//!   in the log implies its backup is in the log, and a backup costs one round
+//!   trip, not two. The recovery point moves only once both the marker and the
+//!   entries before it are acknowledged; a marker behind entries that failed
+//!   never counts (the backup is issued again and its marker covers the same
+//!   items).
 //! * **Failed writes.** A backup whose write failed may still have reached the
 //!   log. Its entries are owed again (the structures re-send them whatever their
 //!   drift) and a new backup is issued at once; its marker is the first to cover
@@ -123,15 +129,15 @@ enum Phase {
     Stopped,
 }
 
-/// A backup issued whose marker is not written yet.
+/// A backup issued whose entries are not acknowledged yet.
 #[derive(Clone, Copy, Debug)]
 struct OpenBackup {
     seq: u64,
     covers: Position,
     scope: BackupScope,
-    /// Its entries went out (the outputs before it were acknowledged).
+    /// Its entries and its marker went out (the outputs before it were
+    /// acknowledged).
     sent: bool,
-    written: bool,
     clean: bool,
 }
 
@@ -140,6 +146,11 @@ struct MarkerInFlight {
     seq: u64,
     covers: Position,
     clean: bool,
+    /// The backup whose entries went out right before it and are not
+    /// acknowledged yet: the marker counts only once they are.
+    entries_of: Option<u64>,
+    /// Acknowledged while its entries were not.
+    acknowledged: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -318,7 +329,7 @@ impl TaskController {
         controller.count_failures();
         if controller.mode != Mode::None {
             controller.phase = Phase::Starting;
-            controller.send_marker(start, false, actions);
+            controller.send_marker(start, false, None, actions);
         }
         Ok(controller)
     }
@@ -551,14 +562,14 @@ impl TaskController {
             covers: self.processed,
             scope,
             sent: false,
-            written: false,
             clean,
         });
         actions.push(Action::Backup { seq, scope });
         self.send_when_outputs_done(actions);
     }
 
-    /// Sends the open backup's entries once the outputs before it are acknowledged.
+    /// Sends the open backup's entries, and its marker right behind them, once
+    /// the outputs before it are acknowledged.
     fn send_when_outputs_done(&mut self, actions: &mut Vec<Action>) {
         let Some(open) = self.open else { return };
         if !open.sent && self.outputs_done_before(open.covers) {
@@ -566,13 +577,20 @@ impl TaskController {
                 open.sent = true;
             }
             actions.push(Action::SendBackup { seq: open.seq });
+            self.send_marker(open.covers, open.clean, Some(open.seq), actions);
         }
     }
 
-    fn send_marker(&mut self, covers: Position, clean: bool, actions: &mut Vec<Action>) {
+    fn send_marker(&mut self, covers: Position, clean: bool, entries_of: Option<u64>, actions: &mut Vec<Action>) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.markers.push_back(MarkerInFlight { seq, covers, clean });
+        self.markers.push_back(MarkerInFlight {
+            seq,
+            covers,
+            clean,
+            entries_of,
+            acknowledged: false,
+        });
         actions.push(Action::Marker(BackupMarker {
             seq,
             input_offset: covers.offset,
@@ -589,16 +607,12 @@ impl TaskController {
         self.faults.marker_before_outputs || self.outputs.front().is_none_or(|o| o.before.items >= position.items)
     }
 
-    /// Writes the open backup's marker once its entries and the outputs before it
-    /// are acknowledged, then issues a backup that waited for it.
+    /// Sends the open backup once the outputs before it are acknowledged, and
+    /// issues a backup that waited for it.
     fn advance(&mut self, actions: &mut Vec<Action>) {
         self.send_when_outputs_done(actions);
-        if let Some(open) = self.open {
-            if !(open.written && self.outputs_done_before(open.covers)) {
-                return;
-            }
-            self.open = None;
-            self.send_marker(open.covers, open.clean, actions);
+        if self.open.is_some() {
+            return;
         }
         match self.phase {
             Phase::Running => self.run_ended(actions),
@@ -607,28 +621,47 @@ impl TaskController {
         }
     }
 
-    /// Backup `seq`'s entries were acknowledged.
+    /// Backup `seq`'s entries were acknowledged: its marker counts once it is
+    /// acknowledged too (it may be already).
     pub fn backup_written(&mut self, seq: u64, actions: &mut Vec<Action>) {
-        if let Some(open) = self.open.as_mut().filter(|o| o.seq == seq) {
-            open.written = true;
-            self.advance(actions);
+        if !self.open.is_some_and(|o| o.seq == seq && o.sent) {
+            return;
         }
+        self.open = None;
+        let marker = self.markers.iter_mut().find(|m| m.entries_of == Some(seq));
+        if let Some(marker) = marker {
+            marker.entries_of = None;
+            if marker.acknowledged {
+                let marker_seq = marker.seq;
+                self.marker_written(marker_seq, actions);
+            }
+        }
+        self.advance(actions);
     }
 
     /// Backup `seq`'s entries were not acknowledged: some may be in the log. The
-    /// operator owes them again; a new backup goes out at once.
+    /// operator owes them again; a new backup goes out at once. The marker sent
+    /// behind them never counts: the log's order lands it only after all of
+    /// them (see `TaskIo::write_marker`), and the new backup's marker covers the
+    /// same items.
     pub fn backup_failed(&mut self, seq: u64, actions: &mut Vec<Action>) {
-        if let Some(open) = self.open.filter(|o| o.seq == seq) {
+        if let Some(open) = self.open.filter(|o| o.seq == seq && o.sent) {
             self.open = None;
+            self.markers.retain(|m| m.entries_of != Some(seq));
             self.issue_backup(open.scope, open.clean, actions);
         }
     }
 
-    /// The marker `seq` was acknowledged: the recovery point moves to it.
+    /// The marker `seq` was acknowledged: the recovery point moves to it (once
+    /// the entries sent before it are acknowledged too).
     pub fn marker_written(&mut self, seq: u64, actions: &mut Vec<Action>) {
         // An acknowledgement of a marker this task never wrote (a report meant
         // for an earlier task on the partition) says nothing about its own.
-        if !self.markers.iter().any(|m| m.seq == seq) {
+        let Some(marker) = self.markers.iter_mut().find(|m| m.seq == seq) else {
+            return;
+        };
+        if marker.entries_of.is_some() {
+            marker.acknowledged = true;
             return;
         }
         let mut acknowledged = None;
@@ -664,7 +697,7 @@ impl TaskController {
             return;
         };
         match self.phase {
-            Phase::Starting => self.send_marker(failed.covers, false, actions),
+            Phase::Starting => self.send_marker(failed.covers, false, None, actions),
             Phase::Stopping => self.advance_stop(actions),
             Phase::Running if self.open.is_none() => {
                 let scope = self.regular_scope();

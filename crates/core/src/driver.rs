@@ -26,7 +26,10 @@ pub trait TaskIo<Output> {
     /// [`Ack::BackupFailed`] once all of them are acknowledged or one failed.
     fn write_backup(&mut self, seq: u64, entries: &[BackupEntry]);
     /// Writes a marker after every changelog record written before it; report
-    /// [`Ack::MarkerWritten`] or [`Ack::MarkerFailed`].
+    /// [`Ack::MarkerWritten`] or [`Ack::MarkerFailed`]. The changelog must be
+    /// gapless: a record lands only if every record written before it landed
+    /// (a marker comes right behind its backup's entries, without waiting for
+    /// their acknowledgement, and recovery trusts the last marker in the log).
     fn write_marker(&mut self, marker: &BackupMarker);
     /// Bookkeeping: the consumer group's offset may move to `offset`. Nothing
     /// waits for it.

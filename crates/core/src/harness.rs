@@ -1,7 +1,9 @@
 //! An in-memory adapter of the task driver with crash injection: a simulated
 //! broker with a changelog partition that is compacted at random, an output
 //! topic and a committed offset, whose acknowledgements arrive late and in
-//! batches, and whose failed writes may have reached the log all the same.
+//! batches, and whose failed writes may have reached the log all the same (a
+//! prefix of them: the changelog is gapless, so the writes behind a failed one
+//! fail too and none of them lands).
 //! Property tests, the benchmarks and `afstream simulate` use it to prove the
 //! bounds on the very driver the service runs: at every crash it checks that no
 //! output before the recovery point was lost and that at most l·β outputs will
@@ -187,6 +189,19 @@ impl<Out> SimBroker<Out> {
             };
             delivered = true;
             let failed = self.fails();
+            // The changelog is gapless: a failed write fails every write behind
+            // it, and none of them lands.
+            let behind: Vec<Ack> = if failed {
+                self.writes
+                    .drain(..)
+                    .map(|Due { what, .. }| match what {
+                        Write::Backup { seq, .. } => Ack::BackupFailed(seq),
+                        Write::Marker { seq, .. } => Ack::MarkerFailed(seq),
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
             match what {
                 Write::Backup { seq, records } => {
                     if failed {
@@ -211,6 +226,7 @@ impl<Out> SimBroker<Out> {
                     }
                 }
             }
+            self.acks.extend(behind);
         }
         let mut index = 0;
         while index < self.outputs.len() {

@@ -71,17 +71,12 @@ fn running(config: ControllerConfig) -> TaskController {
     c
 }
 
-/// Acknowledges a backup's entries and then the marker that follows.
+/// Acknowledges a backup's entries and then the marker that went out right
+/// behind them (the next sequence number).
 fn complete_backup(c: &mut TaskController, seq: u64) -> Vec<Action> {
     let mut actions = Vec::new();
     c.backup_written(seq, &mut actions);
-    let written = markers(&actions);
-    assert_eq!(
-        written.len(),
-        1,
-        "a written backup is followed by its marker: {actions:?}"
-    );
-    c.marker_written(written[0].seq, &mut actions);
+    c.marker_written(seq + 1, &mut actions);
     actions
 }
 
@@ -96,14 +91,19 @@ fn backs_up_when_divergence_crosses_theta_and_not_before() {
     assert!(backups(&actions).is_empty(), "divergence 10 is not over θ = 10");
     one_item(&mut c, 10, 0, 11.0, 0, &mut actions);
     assert_eq!(backups(&actions), vec![(1, BackupScope::Drifted)]);
+    assert_eq!(
+        markers(&actions)[0].input_offset,
+        11,
+        "the marker goes right behind the entries"
+    );
     actions.clear();
     one_item(&mut c, 11, 0, 12.0, 0, &mut actions);
     assert!(backups(&actions).is_empty(), "one backup open at a time");
-    // The trigger waited: once the open backup's marker goes out, the next backup
-    // covers both items.
+    // The trigger waited: once the open backup's entries are acknowledged, the
+    // next backup covers both items.
     c.backup_written(1, &mut actions);
-    assert_eq!(markers(&actions)[0].input_offset, 11);
     assert_eq!(backups(&actions), vec![(3, BackupScope::Drifted)]);
+    assert_eq!(markers(&actions)[0].input_offset, 12);
 }
 
 #[test]
@@ -201,9 +201,8 @@ fn a_marker_waits_for_its_entries_and_the_outputs_before_it_then_commits() {
         panic!("{actions:?}")
     };
     one_item(&mut c, 2, 1, 11.0, 0, &mut actions);
-    actions.clear();
-    c.backup_written(seq, &mut actions);
     assert!(markers(&actions).is_empty(), "item 0's outputs are not acknowledged");
+    actions.clear();
     c.outputs_acknowledged(0, 1, &mut actions);
     assert!(markers(&actions).is_empty(), "one of its two outputs is still out");
     c.outputs_acknowledged(0, 1, &mut actions);
@@ -215,11 +214,14 @@ fn a_marker_waits_for_its_entries_and_the_outputs_before_it_then_commits() {
     );
     assert_eq!(written[0].input_offset, 2);
     assert!(!written[0].clean);
+    // Acknowledged before its entries, the marker does not count yet.
+    c.marker_written(written[0].seq, &mut actions);
     assert!(
         commits(&actions).is_empty(),
-        "the commit follows the acknowledged marker"
+        "the commit follows the acknowledged marker and entries"
     );
-    c.marker_written(written[0].seq, &mut actions);
+    assert_eq!(c.marked().offset, 0);
+    c.backup_written(seq, &mut actions);
     assert_eq!(commits(&actions), vec![2]);
     assert_eq!(c.marked().offset, 2);
 }
@@ -265,21 +267,26 @@ fn a_failed_backup_is_issued_again_at_once() {
     let [(seq, _)] = backups(&actions)[..] else {
         panic!("{actions:?}")
     };
+    let failed_marker = markers(&actions)[0];
     actions.clear();
     c.backup_failed(seq, &mut actions);
     let again = backups(&actions);
     assert_eq!(again.len(), 1, "{actions:?}");
-    actions.clear();
-    c.backup_written(again[0].0, &mut actions);
     assert_eq!(
         markers(&actions)[0].input_offset,
         2,
         "the new backup covers what it sees now"
     );
-    // A late acknowledgement of the failed backup changes nothing.
+    // The marker behind the failed entries never counts, even if acknowledged.
     actions.clear();
+    c.marker_written(failed_marker.seq, &mut actions);
+    assert!(actions.is_empty(), "{actions:?}");
+    assert_eq!(c.marked().offset, 0);
+    // A late acknowledgement of the failed backup changes nothing.
     c.backup_written(seq, &mut actions);
     assert!(actions.is_empty());
+    complete_backup(&mut c, again[0].0);
+    assert_eq!(c.marked().offset, 2);
 }
 
 #[test]
@@ -288,10 +295,10 @@ fn a_failed_marker_is_covered_by_a_new_backup() {
     let mut actions = Vec::new();
     one_item(&mut c, 0, 0, 11.0, 0, &mut actions);
     let seq = backups(&actions)[0].0;
-    actions.clear();
-    c.backup_written(seq, &mut actions);
     let marker = markers(&actions)[0];
     actions.clear();
+    c.backup_written(seq, &mut actions);
+    assert!(backups(&actions).is_empty(), "{actions:?}");
     c.marker_failed(marker.seq, &mut actions);
     assert_eq!(backups(&actions).len(), 1, "{actions:?}");
     assert_eq!(c.marked().offset, 0, "the recovery point did not move");
@@ -303,20 +310,20 @@ fn a_marker_that_fails_while_a_backup_is_open_waits_for_it() {
     let mut actions = Vec::new();
     one_item(&mut c, 0, 0, 11.0, 0, &mut actions);
     let first = backups(&actions)[0].0;
+    let marker = markers(&actions)[0];
     actions.clear();
     c.backup_written(first, &mut actions);
-    let marker = markers(&actions)[0];
     one_item(&mut c, 1, 0, 11.0, 0, &mut actions);
     let second = backups(&actions)[0].0;
+    assert_eq!(markers(&actions)[0].input_offset, 2);
     actions.clear();
     c.marker_failed(marker.seq, &mut actions);
     assert!(backups(&actions).is_empty(), "one backup open at a time: {actions:?}");
     c.backup_written(second, &mut actions);
-    assert_eq!(markers(&actions)[0].input_offset, 2);
     assert_eq!(
         backups(&actions).len(),
         1,
-        "the new backup follows the open one's marker"
+        "the new backup follows the open one's entries"
     );
 }
 
@@ -336,9 +343,11 @@ fn exact_mode_backs_up_completely_every_interval() {
     let [(seq, BackupScope::Complete)] = backups(&actions)[..] else {
         panic!("{actions:?}")
     };
+    assert!(
+        markers(&actions).is_empty() && !actions.contains(&Action::SendBackup { seq }),
+        "item 0's output first: {actions:?}"
+    );
     actions.clear();
-    c.backup_written(seq, &mut actions);
-    assert!(markers(&actions).is_empty(), "item 0's output first");
     one_item(&mut c, 3, 0, 0.0, 0, &mut actions);
     one_item(&mut c, 4, 0, 0.0, 0, &mut actions);
     one_item(&mut c, 5, 0, 0.0, 0, &mut actions);
@@ -347,7 +356,10 @@ fn exact_mode_backs_up_completely_every_interval() {
         "the next interval's backup waits for the open one"
     );
     c.outputs_acknowledged(0, 1, &mut actions);
-    assert_eq!(markers(&actions)[0].input_offset, 3);
+    assert!(actions.contains(&Action::SendBackup { seq }));
+    assert_eq!(markers(&actions)[0].input_offset, 3, "right behind its entries");
+    assert!(backups(&actions).is_empty(), "its entries are not acknowledged yet");
+    c.backup_written(seq, &mut actions);
     assert_eq!(
         backups(&actions).iter().map(|b| b.1).collect::<Vec<_>>(),
         vec![BackupScope::Complete],
@@ -409,11 +421,11 @@ fn a_clean_stop_takes_a_complete_backup_and_a_clean_marker() {
     let [(seq, BackupScope::Complete)] = backups(&actions)[..] else {
         panic!("{actions:?}")
     };
-    actions.clear();
-    c.backup_written(seq, &mut actions);
     let marker = markers(&actions)[0];
     assert!(marker.clean);
     assert_eq!(marker.input_offset, 5);
+    actions.clear();
+    c.backup_written(seq, &mut actions);
     assert!(!c.is_stopped());
     // A failed final marker is taken again.
     actions.clear();
@@ -597,9 +609,10 @@ fn a_backups_entries_go_out_only_after_the_outputs_it_covers_are_acknowledged() 
         sent(&actions),
         "every output the backup covers is acknowledged: {actions:?}"
     );
-    assert!(
-        markers(&actions).is_empty(),
-        "the marker waits for the entries: {actions:?}"
+    assert_eq!(
+        markers(&actions).len(),
+        1,
+        "the marker goes right behind the entries: {actions:?}"
     );
     let acks = complete_backup(&mut c, seq);
     assert_eq!(commits(&acks), vec![2], "the marker covers items 0 and 1");
