@@ -67,7 +67,23 @@ fn load_config(name: &str, address: &str, own_broker: bool) -> Config {
 
 /// The process's CPU time so far (user + system), from `/proc/self/stat`.
 fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    process_cpu_seconds("self")
+}
+
+/// The broker's CPU seconds so far (0 when it is not the project's own).
+fn broker_cpu_seconds() -> f64 {
+    BROKER_PID
+        .get()
+        .copied()
+        .flatten()
+        .map_or(0.0, |pid| process_cpu_seconds(&pid.to_string()))
+}
+
+static BROKER_PID: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+
+/// User and system CPU seconds of a process (`self` or a pid).
+fn process_cpu_seconds(process: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{process}/stat")).unwrap_or_default();
     // Fields after the command name (which may hold spaces) start at `state`;
     // utime and stime are the 14th and 15th fields, in clock ticks (100 a second).
     let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
@@ -95,6 +111,8 @@ struct Measure {
     items_per_s: f64,
     mb_per_s: f64,
     cpu_s_per_million: f64,
+    /// The broker's CPU per million items (its own broker only).
+    broker_cpu_s_per_million: f64,
     changelog_records: f64,
     changelog_mb: f64,
     commits: f64,
@@ -127,7 +145,7 @@ fn raw_consumption(config: &Config, topic: &str, run: usize, items: u64, bytes_i
             .expect("an assignment");
     }
     reset_peak_rss();
-    let cpu = cpu_seconds();
+    let (cpu, broker_cpu) = (cpu_seconds(), broker_cpu_seconds());
     let started = Instant::now();
     consumer.assign(&assignment).expect("assign");
     let (mut read, mut bytes) = (0u64, 0u64);
@@ -151,6 +169,7 @@ fn raw_consumption(config: &Config, topic: &str, run: usize, items: u64, bytes_i
         items_per_s: read as f64 / seconds,
         mb_per_s: bytes_in as f64 / seconds / 1e6,
         cpu_s_per_million: (cpu_seconds() - cpu) / read.max(1) as f64 * 1e6,
+        broker_cpu_s_per_million: (broker_cpu_seconds() - broker_cpu) / read.max(1) as f64 * 1e6,
         peak_rss_mib: peak_rss_mib(),
         ..Measure::default()
     }
@@ -247,9 +266,10 @@ fn pipeline(workload: &BenchWorkload, case: Case, state_dir: Option<&Path>, run_
     case.configure(&mut config);
     let stop = AtomicBool::new(false);
     reset_peak_rss();
-    let cpu = cpu_seconds();
+    let (cpu, broker_cpu) = (cpu_seconds(), broker_cpu_seconds());
     let report = run(&config, &stop, RunOptions { stop_at_end: true }).unwrap_or_else(|e| panic!("afstream run: {e}"));
     let cpu = cpu_seconds() - cpu;
+    let broker_cpu = broker_cpu_seconds() - broker_cpu;
     // Changelog records up to the clean stop, whose final complete backup (every
     // key once) is a one-off that a short run would otherwise count per item.
     let (marker_total, markers) = report.tasks.iter().fold((Duration::ZERO, 0u64), |(total, n), t| {
@@ -274,6 +294,7 @@ fn pipeline(workload: &BenchWorkload, case: Case, state_dir: Option<&Path>, run_
         items_per_s: items as f64 / seconds,
         mb_per_s: workload.bytes as f64 / seconds / 1e6,
         cpu_s_per_million: cpu / items.max(1) as f64 * 1e6,
+        broker_cpu_s_per_million: broker_cpu / items.max(1) as f64 * 1e6,
         changelog_records: records as f64,
         changelog_mb: bytes as f64 / 1e6,
         commits: commits as f64,
@@ -297,6 +318,7 @@ fn medians(runs: &[Measure]) -> Measure {
         items_per_s: of(|m| m.items_per_s),
         mb_per_s: of(|m| m.mb_per_s),
         cpu_s_per_million: of(|m| m.cpu_s_per_million),
+        broker_cpu_s_per_million: of(|m| m.broker_cpu_s_per_million),
         changelog_records: of(|m| m.changelog_records),
         changelog_mb: of(|m| m.changelog_mb),
         commits: of(|m| m.commits),
@@ -337,6 +359,7 @@ fn main() {
         |case: Case| case == Case::None || cases.is_empty() || cases.split(',').any(|c| c.trim() == case.key());
     let dir = std::env::temp_dir().join(format!("afstream-bench-{}", std::process::id()));
     let broker = common::Broker::start(&dir);
+    let _ = BROKER_PID.set(broker.pid());
     let (address, own_broker) = (broker.address.clone(), broker.is_own());
     let stamp = std::process::id();
     // (config, name, partitions, state in RocksDB)
@@ -373,8 +396,8 @@ fn main() {
         });
     }
     eprintln!("broker {address}: {items} items per workload, {rounds} rounds");
-    println!("| workload | case | items/s | MB/s | / none | CPU s per M items | changelog records (per item) | changelog MB | commits | peak RSS (MiB) | input waited (of it for γ) | marker round trip (ms) | clean stop (s) |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| workload | case | items/s | MB/s | / none | CPU s per M items | broker CPU s per M items | changelog records (per item) | changelog MB | commits | peak RSS (MiB) | input waited (of it for γ) | marker round trip (ms) | clean stop (s) |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let mut run_id = 0;
     let state = dir.join("state");
     let mut report = Vec::new();
@@ -414,13 +437,14 @@ fn main() {
             }
             let raw = matches!(case, Case::Raw);
             println!(
-                "| {} | {} | {:.0} | {:.2} | {:.3} | {:.1} | {} | {} | {} | {:.0} | {} | {} | {} |",
+                "| {} | {} | {:.0} | {:.2} | {:.3} | {:.1} | {:.1} | {} | {} | {} | {:.0} | {} | {} | {} |",
                 workload.name,
                 case.name(),
                 m.items_per_s,
                 m.mb_per_s,
                 m.items_per_s / none,
                 m.cpu_s_per_million,
+                m.broker_cpu_s_per_million,
                 if raw {
                     String::new()
                 } else {
@@ -466,6 +490,7 @@ fn main() {
                 "mb_per_s": m.mb_per_s,
                 "ratio_to_none": m.items_per_s / none,
                 "cpu_s_per_million_items": m.cpu_s_per_million,
+                "broker_cpu_s_per_million_items": m.broker_cpu_s_per_million,
                 "changelog_records": m.changelog_records,
                 "changelog_mb": m.changelog_mb,
                 "commits": m.commits,

@@ -96,6 +96,11 @@ impl Broker {
         self.dir.is_some()
     }
 
+    /// The process of the project's own broker (none for a cluster).
+    pub fn pid(&self) -> Option<u32> {
+        self.pid.get()
+    }
+
     /// Kills the project's own broker (SIGKILL: it goes away at once), keeps it
     /// down for `down`, then starts it again on the same port and data (its
     /// SQLite engine keeps every topic and offset).
