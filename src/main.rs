@@ -130,6 +130,11 @@ struct ExperimentArgs {
     /// restart restores from the changelog.
     #[arg(long)]
     node_loss: bool,
+    /// Kill in the middle of a backup: each process SIGKILLs itself once a
+    /// backup's entries are in the changelog and before its marker (at a
+    /// seeded backup), so every recovery restores an incomplete backup.
+    #[arg(long)]
+    kill_mid_backup: bool,
     /// Sweep Θ: the runs are repeated for each value (e.g. 1000,10000).
     #[arg(long, value_delimiter = ',')]
     theta: Vec<f64>,
@@ -412,6 +417,7 @@ fn experiment(args: &ExperimentArgs) -> Result<(), Box<dyn std::error::Error>> {
         partitions: args.partitions,
         failures: args.failures.clone(),
         node_loss: args.node_loss,
+        kill_mid_backup: args.kill_mid_backup,
         thetas: args.theta.clone(),
         max_uncovered: args.max_uncovered.clone(),
         seed: args.seed,

@@ -39,13 +39,20 @@ max_unacked = 2000
     .expect("write the config");
 }
 
-/// Runs `afstream experiment` with two kills; `env` is added to its environment.
-fn experiment(config: &std::path::Path, out_dir: &std::path::Path, env: &[(&str, &str)]) -> std::process::Output {
+/// Runs `afstream experiment` with two kills; `env` is added to its environment,
+/// `extra` to its arguments.
+fn experiment(
+    config: &std::path::Path,
+    out_dir: &std::path::Path,
+    env: &[(&str, &str)],
+    extra: &[&str],
+) -> std::process::Output {
     Command::new("timeout")
         .args(["600", env!("CARGO_BIN_EXE_afstream"), "experiment", "--config"])
         .arg(config)
         .args(["--items", "12000", "--failures", "2", "--seed", "7", "--dir"])
         .arg(out_dir)
+        .args(extra)
         .env_remove("AFSTREAM_BOOTSTRAP_SERVERS")
         .envs(env.iter().copied())
         .output()
@@ -63,7 +70,7 @@ fn an_experiment_with_two_kills_reports_each_recovery_and_stays_within_its_bound
     let config = dir.join("sums.toml");
     write_config(&config, &broker);
     let out_dir = dir.join("report");
-    let output = experiment(&config, &out_dir, &[]);
+    let output = experiment(&config, &out_dir, &[], &[]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -126,6 +133,7 @@ fn an_experiment_whose_backups_write_nothing_is_reported_outside_its_bound() {
         &config,
         &out_dir,
         &[(afstream::service::runner::FAULT_SKIP_BACKUPS, "1")],
+        &[],
     );
     assert!(
         output.status.success(),
@@ -139,4 +147,50 @@ fn an_experiment_whose_backups_write_nothing_is_reported_outside_its_bound() {
         "the kills were recovered from: {failed}"
     );
     assert_eq!(failed["within_bound"], false, "a broken bound must be caught: {failed}");
+}
+
+#[test]
+fn kills_in_the_middle_of_a_backup_are_recovered_from_within_the_bound() {
+    let dir = test_dir("experiment-mid-backup");
+    let broker = Broker::start(&dir);
+    let config = dir.join("sums.toml");
+    write_config(&config, &broker);
+    let out_dir = dir.join("report");
+    let output = experiment(&config, &out_dir, &[], &["--kill-mid-backup"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "experiment failed: {}\n{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("| 2 failures mid-backup | 2 |"), "{stdout}");
+    // Each killed process logged the crash between a backup's entries (in
+    // the log) and its marker (never sent).
+    let crashes: Vec<String> = std::fs::read_dir(&out_dir)
+        .expect("the experiment's directory")
+        .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path()).ok())
+        .flat_map(|log| {
+            log.lines()
+                .filter(|line| line.contains("SIGKILL between a backup's entries and its marker"))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(
+        crashes.len(),
+        2,
+        "two processes killed themselves mid-backup: {crashes:?}"
+    );
+    assert!(
+        crashes.iter().all(|line| line.contains("entries_flushed=true")),
+        "the entries reached the changelog before each kill: {crashes:?}"
+    );
+    let report = report(&out_dir);
+    let failed = &report["runs"][1];
+    let recoveries = failed["recoveries"].as_array().expect("recoveries");
+    assert!(
+        recoveries.len() >= 2,
+        "each kill was recovered from (every task of the killed process): {failed}"
+    );
+    assert_eq!(failed["within_bound"], true, "{failed}");
 }

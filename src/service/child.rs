@@ -55,6 +55,16 @@ pub struct Run {
 impl Run {
     /// Starts `afstream run --config CONFIG [--stop-at-end]`, its log in `log`.
     pub fn start(config: &Path, log: PathBuf, stop_at_end: bool) -> Result<Run, ServiceError> {
+        Run::start_with(config, log, stop_at_end, &[])
+    }
+
+    /// [`Run::start`] with `env` added to the child's environment.
+    pub fn start_with(
+        config: &Path,
+        log: PathBuf,
+        stop_at_end: bool,
+        env: &[(&str, &str)],
+    ) -> Result<Run, ServiceError> {
         let exe = std::env::current_exe().map_err(|e| ServiceError::Child(format!("finding afstream itself: {e}")))?;
         let log_file =
             std::fs::File::create(&log).map_err(|e| ServiceError::Child(format!("{}: {e}", log.display())))?;
@@ -64,6 +74,7 @@ impl Run {
             .arg("--config")
             .arg(config)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file);
@@ -110,6 +121,37 @@ impl Run {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Waits (at most `STEP_DEADLINE`) for the child to kill itself (true) or
+    /// to finish successfully (false); any other exit is an error.
+    pub fn killed(&mut self) -> Result<bool, ServiceError> {
+        use std::os::unix::process::ExitStatusExt;
+        let deadline = Instant::now() + STEP_DEADLINE;
+        while let Some(child) = self.child.as_mut() {
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    self.child = None;
+                    return match status.signal() {
+                        Some(9) => Ok(true),
+                        _ if status.success() => Ok(false),
+                        _ => Err(ServiceError::Child(format!(
+                            "afstream run failed ({status}); see {}",
+                            self.log.display()
+                        ))),
+                    };
+                }
+                _ if Instant::now() > deadline => {
+                    self.kill();
+                    return Err(ServiceError::Child(format!(
+                        "afstream run neither killed itself nor finished within {STEP_DEADLINE:?}; see {}",
+                        self.log.display()
+                    )));
+                }
+                _ => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        Ok(false)
     }
 
     /// Waits for a successful exit (at most `STEP_DEADLINE`).

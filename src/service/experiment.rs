@@ -35,6 +35,10 @@ pub struct ExperimentOptions {
     /// Node loss: the run's local state directory is deleted at every kill,
     /// so each restart restores from the changelog.
     pub node_loss: bool,
+    /// Each kill comes in the middle of a backup (the process kills itself
+    /// between a backup's entries and its marker, see
+    /// [`super::runner::CRASH_IN_BACKUP`]), at a seeded backup of the run.
+    pub kill_mid_backup: bool,
     /// Sweeps: the runs are repeated for each Θ and each L given (the
     /// config's own when none is).
     pub thetas: Vec<f64>,
@@ -187,7 +191,12 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
             };
             plan.push((format!("failure-free{at}"), 0, theta, l));
             for &failures in &options.failures {
-                let kind = if options.node_loss { "node losses" } else { "failures" };
+                let kind = match (options.node_loss, options.kill_mid_backup) {
+                    (true, true) => "node losses mid-backup",
+                    (true, false) => "node losses",
+                    (false, true) => "failures mid-backup",
+                    (false, false) => "failures",
+                };
                 plan.push((format!("{failures} {kind}{at}"), failures, theta, l));
             }
         }
@@ -354,6 +363,18 @@ fn run_with_kills(
     let mut logs = Vec::new();
     for (i, fraction) in points.iter().enumerate() {
         let log = options.dir.join(format!("{group}-{}.log", i + 1));
+        if options.kill_mid_backup {
+            // The process kills itself in its N-th backup with entries.
+            let backup = rng.gen_range(MID_BACKUP_KILLS).to_string();
+            let mut run = Run::start_with(path, log.clone(), true, &[(super::runner::CRASH_IN_BACKUP, &backup)])?;
+            logs.push(log);
+            if !run.killed()? {
+                // The input ended before that backup: no more kills.
+                return Ok(logs);
+            }
+            lose_node(state_dir, options)?;
+            continue;
+        }
         let mut run = Run::start(path, log.clone(), true)?;
         logs.push(log);
         let target = (fraction * items as f64) as u64;
@@ -370,18 +391,7 @@ fn run_with_kills(
                 }
                 if changelog.as_ref().is_some_and(|c| progress(c) >= target) {
                     run.kill();
-                    if let Some(dir) = state_dir.filter(|_| options.node_loss) {
-                        // The machine is gone with its disk: restore from the changelog.
-                        std::fs::remove_dir_all(dir)
-                            .or_else(|e| {
-                                if e.kind() == std::io::ErrorKind::NotFound {
-                                    Ok(())
-                                } else {
-                                    Err(e)
-                                }
-                            })
-                            .map_err(|e| ServiceError::Child(format!("deleting {}: {e}", dir.display())))?;
-                    }
+                    lose_node(state_dir, options)?;
                     break;
                 }
             }
@@ -398,6 +408,25 @@ fn run_with_kills(
     Run::start(path, log.clone(), true)?.wait()?;
     logs.push(log);
     Ok(logs)
+}
+
+/// Which backup (with entries) of a process a mid-backup kill comes in: early
+/// enough that every process of a short run reaches it, late enough that each
+/// makes progress.
+const MID_BACKUP_KILLS: std::ops::RangeInclusive<u64> = 2..=8;
+
+/// With node loss, the machine is gone with its disk: the restart restores
+/// from the changelog.
+fn lose_node(state_dir: Option<&Path>, options: &ExperimentOptions) -> Result<(), ServiceError> {
+    let Some(dir) = state_dir.filter(|_| options.node_loss) else {
+        return Ok(());
+    };
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(ServiceError::Child(format!("deleting {}: {e}", dir.display())))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The report as a Markdown table.

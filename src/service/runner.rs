@@ -138,6 +138,14 @@ struct Stores {
 #[cfg(feature = "fault-injection")]
 pub const FAULT_SKIP_BACKUPS: &str = "AFSTREAM_FAULT_SKIP_BACKUPS";
 
+/// A crash at the worst point of a backup, for failure experiments (`afstream
+/// experiment --kill-mid-backup`): set to N, the process SIGKILLs itself once
+/// the entries of its N-th backup that writes any are acknowledged and before
+/// its marker goes out, so the changelog ends with an incomplete backup after
+/// the last marker. Counted over the process's tasks; a marker-only backup
+/// does not count.
+pub const CRASH_IN_BACKUP: &str = "AFSTREAM_CRASH_IN_BACKUP";
+
 /// The longest a newly assigned partition waits for its previous owner to
 /// stop writing its changelog (see `ChangelogLoader::settled_marker`).
 const HANDOFF_PATIENCE: Duration = Duration::from_secs(20);
@@ -801,6 +809,30 @@ struct Shared<'a> {
     topics: &'a Topics,
     /// How records are read and written.
     codec: &'a Codec,
+    /// [`CRASH_IN_BACKUP`], and the backups with entries sent so far.
+    crash_in_backup: Option<u64>,
+    backups_sent: std::cell::Cell<u64>,
+}
+
+impl Shared<'_> {
+    /// A backup's entries went out and its marker is next: the crash
+    /// [`CRASH_IN_BACKUP`] asks for happens here.
+    fn backup_entries_sent(&self, partition: i32) {
+        let Some(at) = self.crash_in_backup else { return };
+        let sent = self.backups_sent.get() + 1;
+        self.backups_sent.set(sent);
+        if sent == at {
+            // The entries reach the log; their marker never does.
+            let flushed = self.changelog_producer.flush(REQUEST_TIMEOUT);
+            tracing::warn!(
+                partition,
+                backup = sent,
+                entries_flushed = flushed.is_ok(),
+                "{CRASH_IN_BACKUP}: SIGKILL between a backup's entries and its marker"
+            );
+            let _ = signal_hook::low_level::raise(signal_hook::consts::SIGKILL);
+        }
+    }
 }
 
 /// Where one record of a batch lies in its byte buffer.
@@ -1124,7 +1156,12 @@ impl<O: ServiceOperator> Task<O> {
             self.driver.state_durable();
         }
         self.flight.unwritten = false;
+        let mut after_entries = false;
         for (entry, delivery) in std::mem::take(&mut self.flight.changelog) {
+            if after_entries && matches!(delivery, Delivery::Marker { .. }) {
+                shared.backup_entries_sent(self.partition);
+            }
+            after_entries = matches!(delivery, Delivery::BackupRecord { .. });
             let sent = send_to_changelog(shared, self.partition, &entry, delivery);
             if let (Delivery::Marker { seq, .. }, Ok(())) = (delivery, &sent) {
                 self.flight.markers.sent(seq);
@@ -1439,6 +1476,17 @@ pub fn run_pipeline<O: ServiceOperator>(
         dead_letters: pipeline.dead_letter_topic(&kafka.group_id),
     };
     let codec = Codec::new::<O>(pipeline).map_err(ServiceError::Unsupported)?;
+    let crash_in_backup = match std::env::var(CRASH_IN_BACKUP) {
+        Ok(value) => Some(value.trim().parse::<u64>().map_err(|e| {
+            ServiceError::Unsupported(format!(
+                "{CRASH_IN_BACKUP}={value:?}: a backup number is expected ({e})"
+            ))
+        })?),
+        Err(_) => None,
+    };
+    if let Some(at) = crash_in_backup {
+        tracing::warn!("{CRASH_IN_BACKUP} is set: this process SIGKILLs itself in the middle of backup {at}");
+    }
     let _state_lock = match &pipeline.state_dir {
         Some(dir) => Some(lock_state_dir(dir, &kafka.group_id)?),
         None => None,
@@ -1550,6 +1598,8 @@ pub fn run_pipeline<O: ServiceOperator>(
         consumer: &consumer,
         topics: &topics,
         codec: &codec,
+        crash_in_backup,
+        backups_sent: std::cell::Cell::new(0),
     };
     let started = Instant::now();
     let mut tasks: BTreeMap<i32, Task<O>> = BTreeMap::new();
