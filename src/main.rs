@@ -499,8 +499,18 @@ fn exact(args: &ExactArgs) -> Result<(), Box<dyn std::error::Error>> {
             output_lines,
             difference,
         }) => println!("output: {output_lines} lines ({difference:+} against the exact matches)"),
-        Some(Comparison::Predictions { output_items, accuracy }) => {
-            println!("output: {output_items} predictions, accuracy {accuracy:.4}")
+        Some(Comparison::Predictions {
+            output_items,
+            accuracy,
+            log_loss,
+            over_time,
+        }) => {
+            println!("output: {output_items} predictions, accuracy {accuracy:.4}, log-loss {log_loss:.4}");
+            let windows: Vec<String> = over_time
+                .iter()
+                .map(|w| format!("{:.0}%: {:.4}", 100.0 * w.progress, w.accuracy))
+                .collect();
+            println!("accuracy over the run: {}", windows.join(", "));
         }
         Some(Comparison::Join {
             count_relative_error,

@@ -194,3 +194,85 @@ fn kills_in_the_middle_of_a_backup_are_recovered_from_within_the_bound() {
     );
     assert_eq!(failed["within_bound"], true, "{failed}");
 }
+
+#[test]
+fn a_logistic_regression_experiment_reports_accuracy_and_log_loss_over_the_run() {
+    let dir = test_dir("experiment-lr");
+    let broker = Broker::start(&dir);
+    let config = dir.join("lr.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[kafka]
+bootstrap_servers = "{address}"
+group_id = "{group}"
+properties = {{ "consumer.fetch.wait.max.ms" = "10" }}
+
+[pipeline]
+input_topic = "unused"
+output_topic = "unused-out"
+format = "json"
+
+[pipeline.operator]
+kind = "logistic_regression"
+feature_bits = 18
+learning_rate = 0.5
+max_feature_norm = 10.0
+
+[pipeline.fault_tolerance]
+mode = "approximate"
+theta = 1.0
+max_uncovered = 1000
+max_unacked = 5000
+"#,
+            address = broker.address,
+            group = unique("experiment-lr")
+        ),
+    )
+    .expect("write the config");
+    let out_dir = dir.join("report");
+    let output = experiment(&config, &out_dir, &[], &[]);
+    assert!(
+        output.status.success(),
+        "experiment failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report = report(&out_dir);
+    let runs = report["runs"].as_array().expect("runs");
+    let score = |run: &serde_json::Value| {
+        let comparison = &run["comparison"];
+        assert_eq!(comparison["type"], "predictions", "{comparison}");
+        let over_time = comparison["over_time"].as_array().expect("over_time").clone();
+        assert_eq!(over_time.len(), 10, "tenths of the run: {comparison}");
+        assert!(
+            over_time.iter().all(|w| w["log_loss"].as_f64().is_some_and(|l| l > 0.0)
+                && w["accuracy"].as_f64().is_some_and(|a| (0.0..=1.0).contains(&a))),
+            "{comparison}"
+        );
+        let accuracy = comparison["accuracy"].as_f64().expect("accuracy");
+        let window = |i: usize| over_time[i]["accuracy"].as_f64().expect("accuracy");
+        (accuracy, window(0), window(9))
+    };
+    let (clean, clean_first, clean_last) = score(&runs[0]);
+    let (failed, _, failed_last) = score(&runs[1]);
+    assert!(
+        runs[1]["recoveries"].as_array().is_some_and(|r| !r.is_empty()),
+        "the kills were recovered from: {}",
+        runs[1]
+    );
+    assert!(
+        clean_last > clean_first + 0.1,
+        "the model learns over the run: {clean_first} in the first tenth, {clean_last} in the last"
+    );
+    // At Θ = 1 (a Euclidean distance of the weights; 0.25 per task at first)
+    // a recovered model is close to the lost one. At Θ = 10 it is not: two
+    // failures cost 15 points (measured; see the README).
+    assert!(
+        (clean - failed).abs() < 0.03 && (clean_last - failed_last).abs() < 0.05,
+        "two failures keep the accuracy within 3 points: {clean} against {failed}, \
+         {clean_last} against {failed_last} at the end"
+    );
+    let png = std::fs::read(out_dir.join("accuracy-over-time.png")).expect("the accuracy plot");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG");
+}

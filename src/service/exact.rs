@@ -97,6 +97,10 @@ pub enum Comparison {
     Predictions {
         output_items: u64,
         accuracy: f64,
+        log_loss: f64,
+        /// Accuracy and log-loss over the run: the outputs of each partition cut
+        /// into tenths, the i-th tenths of all partitions scored together.
+        over_time: Vec<PredictionWindow>,
     },
     Join {
         /// The latest estimate, with one input partition (each task estimates its own).
@@ -104,6 +108,64 @@ pub enum Comparison {
         sum_relative_error: Option<f64>,
         output_records: u64,
     },
+}
+
+/// The predictions of one stretch of a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct PredictionWindow {
+    /// How far into the run it ends (0.1 … 1.0).
+    pub progress: f64,
+    pub predictions: u64,
+    pub accuracy: f64,
+    pub log_loss: f64,
+}
+
+/// Windows of a run's predictions: tenths of each partition's outputs.
+const PREDICTION_WINDOWS: usize = 10;
+
+/// Scores predictions (probability, label, correct) over the run and per window.
+fn score_predictions(outputs: &[OutputFields]) -> (f64, f64, Vec<PredictionWindow>) {
+    let score = |o: &OutputFields| {
+        let probability = number(&o.fields, "probability");
+        let label = o.fields.get("label").and_then(Json::as_bool).unwrap_or(false);
+        let correct = o.fields.get("correct").and_then(Json::as_bool) == Some(true);
+        (
+            correct,
+            crate::operators::logistic_regression::log_loss(probability, label),
+        )
+    };
+    let mut windows = vec![(0u64, 0u64, 0.0f64); PREDICTION_WINDOWS];
+    let mut start = 0;
+    while start < outputs.len() {
+        let partition = outputs[start].partition;
+        let end = start + outputs[start..].iter().take_while(|o| o.partition == partition).count();
+        let count = end - start;
+        for (index, output) in outputs[start..end].iter().enumerate() {
+            let window = index * PREDICTION_WINDOWS / count;
+            let (correct, loss) = score(output);
+            let w = &mut windows[window];
+            w.0 += 1;
+            w.1 += u64::from(correct);
+            w.2 += loss;
+        }
+        start = end;
+    }
+    let (total, correct, loss) = windows
+        .iter()
+        .fold((0, 0, 0.0), |(n, c, l), w| (n + w.0, c + w.1, l + w.2));
+    let over_time = windows
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| w.0 > 0)
+        .map(|(i, w)| PredictionWindow {
+            progress: (i + 1) as f64 / PREDICTION_WINDOWS as f64,
+            predictions: w.0,
+            accuracy: w.1 as f64 / w.0 as f64,
+            log_loss: w.2 / w.0 as f64,
+        })
+        .collect();
+    let n = total.max(1) as f64;
+    (correct as f64 / n, loss / n, over_time)
 }
 
 /// Reads the pipeline's input topic (and with `compare`, its output topic).
@@ -166,6 +228,9 @@ fn answer<O: ServiceOperator + Answering>(
 
 /// An output record: its key, and its fields as JSON.
 pub struct OutputFields {
+    /// The output partition it was read from (outputs are read partition by
+    /// partition, each in its order).
+    pub partition: i32,
     pub key: Option<String>,
     pub fields: Json,
 }
@@ -186,7 +251,7 @@ fn read_outputs<O: ServiceOperator>(
                 let key = rdkafka::Message::key(message).map(|k| String::from_utf8_lossy(k).into_owned());
                 let value = rdkafka::Message::payload(message).unwrap_or_default();
                 match codec.output_fields::<O>(key.as_deref(), value) {
-                    Ok(fields) => outputs.push(OutputFields { key, fields }),
+                    Ok(fields) => outputs.push(OutputFields { partition, key, fields }),
                     Err(e) => {
                         bad.get_or_insert_with(|| format!("{topic} partition {partition}: {e}"));
                     }
@@ -525,13 +590,12 @@ impl Answering for OnlineLogisticRegression {
         Models(vec![model; partitions])
     }
     fn compare(_: &Answer, outputs: &[OutputFields], _: usize) -> Comparison {
-        let correct = outputs
-            .iter()
-            .filter(|o| o.fields.get("correct").and_then(Json::as_bool) == Some(true))
-            .count();
+        let (accuracy, log_loss, over_time) = score_predictions(outputs);
         Comparison::Predictions {
             output_items: outputs.len() as u64,
-            accuracy: correct as f64 / outputs.len().max(1) as f64,
+            accuracy,
+            log_loss,
+            over_time,
         }
     }
 }
@@ -571,5 +635,40 @@ impl Answering for OnlineJoin {
             sum_relative_error: latest.map(|o| relative_error(number(&o.fields, "sum"), sum)),
             output_records: outputs.len() as u64,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prediction(partition: i32, probability: f64, label: bool) -> OutputFields {
+        OutputFields {
+            partition,
+            key: None,
+            fields: serde_json::json!({
+                "probability": probability,
+                "label": label,
+                "correct": (probability >= 0.5) == label,
+            }),
+        }
+    }
+
+    #[test]
+    fn predictions_are_scored_over_the_run_in_tenths_of_each_partition() {
+        // Partition 0: 20 predictions, wrong in its first half; partition 1: 10,
+        // all right.
+        let mut outputs: Vec<OutputFields> = (0..20).map(|i| prediction(0, 0.9, i >= 10)).collect();
+        outputs.extend((0..10).map(|_| prediction(1, 0.2, false)));
+        let (accuracy, log_loss, over_time) = score_predictions(&outputs);
+        assert!((accuracy - 20.0 / 30.0).abs() < 1e-12, "{accuracy}");
+        let expected_loss = (10.0 * -(0.1f64).ln() + 10.0 * -(0.9f64).ln() + 10.0 * -(0.8f64).ln()) / 30.0;
+        assert!((log_loss - expected_loss).abs() < 1e-12, "{log_loss}");
+        assert_eq!(over_time.len(), 10);
+        assert!(over_time.iter().all(|w| w.predictions == 3), "{over_time:?}");
+        // The first half of the run: partition 0 wrong, partition 1 right.
+        assert!((over_time[0].accuracy - 1.0 / 3.0).abs() < 1e-12);
+        assert!((over_time[9].accuracy - 1.0).abs() < 1e-12);
+        assert!((over_time[9].progress - 1.0).abs() < 1e-12);
     }
 }

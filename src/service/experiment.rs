@@ -479,9 +479,12 @@ fn describe(comparison: &Comparison) -> String {
             output_lines,
             difference,
         } => format!("{output_lines} lines ({difference:+})"),
-        Comparison::Predictions { output_items, accuracy } => {
-            format!("{output_items} predictions, accuracy {accuracy:.4}")
-        }
+        Comparison::Predictions {
+            output_items,
+            accuracy,
+            log_loss,
+            ..
+        } => format!("{output_items} predictions, accuracy {accuracy:.4}, log-loss {log_loss:.4}"),
         Comparison::Join {
             count_relative_error,
             sum_relative_error,

@@ -1,5 +1,6 @@
 //! An experiment's plots: the answer's error against the failures injected,
-//! and, for sweeps, backups and throughput against Θ and against L. Each is
+//! predictions' accuracy and log-loss over the run (logistic regression), and,
+//! for sweeps, backups and throughput against Θ and against L. Each is
 //! drawn as SVG (plotters' SVG backend) and rendered to PNG beside it with
 //! resvg and the system's fonts.
 
@@ -8,7 +9,7 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 use resvg::{tiny_skia, usvg};
 
-use super::exact::Comparison;
+use super::exact::{Comparison, PredictionWindow};
 use super::experiment::{ExperimentReport, RunOutcome};
 
 /// A named line of (x, y) points.
@@ -54,6 +55,37 @@ pub fn write_plots(report: &ExperimentReport, dir: &Path) -> Result<Vec<PathBuf>
         let path = dir.join("accuracy-vs-failures.svg");
         let title = format!("{}: {metric} against failures", report.kind);
         plotter.plot(path, &title, ("failures injected", metric), &lines, &mut written)?;
+    }
+    // Predictions over the run, a line per run (logistic regression).
+    for (what, file, y) in [
+        (
+            "prediction accuracy",
+            "accuracy-over-time.svg",
+            (|w: &PredictionWindow| w.accuracy) as fn(&PredictionWindow) -> f64,
+        ),
+        ("log-loss", "log-loss-over-time.svg", |w: &PredictionWindow| w.log_loss),
+    ] {
+        let series: Vec<Series> = report
+            .runs
+            .iter()
+            .filter_map(|run| match &run.comparison {
+                Comparison::Predictions { over_time, .. } if !over_time.is_empty() => Some((
+                    run.label.clone(),
+                    over_time.iter().map(|w| (w.progress, y(w))).collect(),
+                )),
+                _ => None,
+            })
+            .collect();
+        if !series.is_empty() {
+            let title = format!("{}: {what} over the run", report.kind);
+            plotter.plot(
+                dir.join(file),
+                &title,
+                ("share of the run", what),
+                &series,
+                &mut written,
+            )?;
+        }
     }
     // Failure-free runs against Θ (a line per L) and against L (a line per Θ).
     let clean: Vec<&RunOutcome> = report.runs.iter().filter(|r| r.failures_injected == 0).collect();

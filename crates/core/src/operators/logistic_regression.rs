@@ -175,7 +175,9 @@ impl OnlineLogisticRegression {
     }
 }
 
-fn log_loss(p: f64, label: bool) -> f64 {
+/// The log-loss of predicting probability `p` for an item whose label is
+/// `label` (p clamped away from 0 and 1).
+pub fn log_loss(p: f64, label: bool) -> f64 {
     let p = p.clamp(1e-15, 1.0 - 1e-15);
     if label {
         -p.ln()
