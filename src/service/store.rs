@@ -99,6 +99,11 @@ struct Inner {
     db: DB,
     batch: WriteBatch,
     path: PathBuf,
+    /// Whether the store may hold a drifted-key record: not while it is new
+    /// (every write carries the meta record, so a store without one is empty)
+    /// and nothing drifted was staged. A clean key then has no record to delete,
+    /// which halves a restore's writes.
+    drifted_may_exist: bool,
 }
 
 /// One task's store. Clones share it: the task writes, its operator's tables
@@ -162,6 +167,7 @@ impl TaskStore {
                 db,
                 batch: WriteBatch::default(),
                 path: path.to_path_buf(),
+                drifted_may_exist: meta.is_some(),
             })),
             path: path.to_path_buf(),
         };
@@ -319,7 +325,8 @@ impl KeyStore for RocksKeyStore {
         let drifted = record_key(DRIFTED, tag, key);
         if record.drift.is_some() {
             inner.batch.put(drifted, []);
-        } else {
+            inner.drifted_may_exist = true;
+        } else if inner.drifted_may_exist {
             inner.batch.delete(drifted);
         }
     }
@@ -392,6 +399,50 @@ mod tests {
         assert_eq!(table.entries().unwrap().len(), 100);
         drop(table);
         drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A new store writes no drifted-key deletions for clean keys (it has no
+    /// such record); once a key drifted, in this session or an earlier one, its
+    /// record is deleted when the key is clean again.
+    #[test]
+    fn a_key_clean_again_loses_its_drifted_record_in_the_same_session_and_after_a_reopen() {
+        let dir = temp_dir("drifted-records");
+        let drifted_after_reopen = |dir: &Path| {
+            let (store, _) = TaskStore::open(dir, BUDGET).unwrap();
+            let mut table: TrackedTable<u64> = TrackedTable::with_store(1, Norm::L1, store.key_store(), 4);
+            table.load_drifted().unwrap()
+        };
+        let write = |store: &TaskStore, table: &mut TrackedTable<u64>| {
+            table.stage_changes();
+            store.write(&TaskStore::new_meta(1)).unwrap();
+            table.changes_durable();
+        };
+        let backed_up = |table: &mut TrackedTable<u64>, seq: u64| {
+            let mut entries = Vec::new();
+            table.backup(seq, BackupScope::Drifted, &mut entries);
+            table.acknowledge(seq);
+        };
+        // One session: drifted, then clean.
+        let (store, meta) = TaskStore::open(&dir, BUDGET).unwrap();
+        assert!(meta.is_none());
+        let mut table: TrackedTable<u64> = TrackedTable::with_store(1, Norm::L1, store.key_store(), 4);
+        table.add(&1, 5.0).unwrap();
+        write(&store, &mut table);
+        backed_up(&mut table, 0);
+        write(&store, &mut table);
+        // Drifted in this session, clean in the next.
+        table.add(&2, 5.0).unwrap();
+        write(&store, &mut table);
+        drop((table, store));
+        assert_eq!(drifted_after_reopen(&dir), 1, "key 2 is drifted");
+        let (store, _) = TaskStore::open(&dir, BUDGET).unwrap();
+        let mut table: TrackedTable<u64> = TrackedTable::with_store(1, Norm::L1, store.key_store(), 4);
+        assert_eq!(table.load_drifted().unwrap(), 1);
+        backed_up(&mut table, 1);
+        write(&store, &mut table);
+        drop((table, store));
+        assert_eq!(drifted_after_reopen(&dir), 0, "no drifted record is left behind");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
