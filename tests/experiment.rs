@@ -7,7 +7,9 @@ use std::process::Command;
 
 use common::{test_dir, unique, Broker};
 
-fn write_config(config: &std::path::Path, broker: &Broker) {
+/// Writes a JSON pipeline's config: its operator and fault tolerance tables
+/// in `tables`, on `broker`, in a group of its own.
+fn write_pipeline_config(config: &std::path::Path, broker: &Broker, name: &str, tables: &str) {
     std::fs::write(
         config,
         format!(
@@ -21,7 +23,21 @@ properties = {{ "consumer.fetch.wait.max.ms" = "10" }}
 input_topic = "unused"
 output_topic = "unused-out"
 format = "json"
+{tables}"#,
+            address = broker.address,
+            group = unique(name)
+        ),
+    )
+    .expect("write the config");
+}
 
+/// Keyed sums counted, with small thresholds.
+fn write_config(config: &std::path::Path, broker: &Broker) {
+    write_pipeline_config(
+        config,
+        broker,
+        "experiment",
+        r#"
 [pipeline.operator]
 kind = "keyed_aggregation"
 aggregate = "count"
@@ -32,11 +48,7 @@ theta = 400.0
 max_uncovered = 200
 max_unacked = 2000
 "#,
-            address = broker.address,
-            group = unique("experiment")
-        ),
-    )
-    .expect("write the config");
+    );
 }
 
 /// Runs `afstream experiment` with two kills; `env` is added to its environment,
@@ -200,20 +212,11 @@ fn a_logistic_regression_experiment_reports_accuracy_and_log_loss_over_the_run()
     let dir = test_dir("experiment-lr");
     let broker = Broker::start(&dir);
     let config = dir.join("lr.toml");
-    std::fs::write(
+    write_pipeline_config(
         &config,
-        format!(
-            r#"
-[kafka]
-bootstrap_servers = "{address}"
-group_id = "{group}"
-properties = {{ "consumer.fetch.wait.max.ms" = "10" }}
-
-[pipeline]
-input_topic = "unused"
-output_topic = "unused-out"
-format = "json"
-
+        &broker,
+        "experiment-lr",
+        r#"
 [pipeline.operator]
 kind = "logistic_regression"
 feature_bits = 18
@@ -226,11 +229,7 @@ theta = 1.0
 max_uncovered = 1000
 max_unacked = 5000
 "#,
-            address = broker.address,
-            group = unique("experiment-lr")
-        ),
-    )
-    .expect("write the config");
+    );
     let out_dir = dir.join("report");
     let output = experiment(&config, &out_dir, &[], &[]);
     assert!(

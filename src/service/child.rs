@@ -2,7 +2,7 @@
 //! experiment`), and what its log says about recoveries.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use super::ServiceError;
@@ -127,57 +127,46 @@ impl Run {
     /// to finish successfully (false); any other exit is an error.
     pub fn killed(&mut self) -> Result<bool, ServiceError> {
         use std::os::unix::process::ExitStatusExt;
+        match self.exit_status("kill itself or finish")? {
+            Some(status) if status.signal() == Some(9) => Ok(true),
+            Some(status) if !status.success() => Err(self.failed(status)),
+            _ => Ok(false),
+        }
+    }
+
+    /// Waits for a successful exit (at most `STEP_DEADLINE`).
+    pub fn wait(&mut self) -> Result<(), ServiceError> {
+        match self.exit_status("finish")? {
+            Some(status) if !status.success() => Err(self.failed(status)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits (at most `STEP_DEADLINE`, then kills it) for the child to exit;
+    /// `None` if it had exited already.
+    fn exit_status(&mut self, what: &str) -> Result<Option<ExitStatus>, ServiceError> {
         let deadline = Instant::now() + STEP_DEADLINE;
         while let Some(child) = self.child.as_mut() {
             match child.try_wait() {
                 Ok(Some(status)) => {
                     self.child = None;
-                    return match status.signal() {
-                        Some(9) => Ok(true),
-                        _ if status.success() => Ok(false),
-                        _ => Err(ServiceError::Child(format!(
-                            "afstream run failed ({status}); see {}",
-                            self.log.display()
-                        ))),
-                    };
+                    return Ok(Some(status));
                 }
                 _ if Instant::now() > deadline => {
                     self.kill();
                     return Err(ServiceError::Child(format!(
-                        "afstream run neither killed itself nor finished within {STEP_DEADLINE:?}; see {}",
+                        "afstream run did not {what} within {STEP_DEADLINE:?}; see {}",
                         self.log.display()
                     )));
                 }
                 _ => std::thread::sleep(Duration::from_millis(20)),
             }
         }
-        Ok(false)
+        Ok(None)
     }
 
-    /// Waits for a successful exit (at most `STEP_DEADLINE`).
-    pub fn wait(&mut self) -> Result<(), ServiceError> {
-        let deadline = Instant::now() + STEP_DEADLINE;
-        while let Some(child) = self.child.as_mut() {
-            match child.try_wait() {
-                Ok(Some(status)) if status.success() => self.child = None,
-                Ok(Some(status)) => {
-                    self.child = None;
-                    return Err(ServiceError::Child(format!(
-                        "afstream run failed ({status}); see {}",
-                        self.log.display()
-                    )));
-                }
-                _ if Instant::now() > deadline => {
-                    self.kill();
-                    return Err(ServiceError::Child(format!(
-                        "afstream run did not finish within {STEP_DEADLINE:?}; see {}",
-                        self.log.display()
-                    )));
-                }
-                _ => std::thread::sleep(Duration::from_millis(50)),
-            }
-        }
-        Ok(())
+    fn failed(&self, status: ExitStatus) -> ServiceError {
+        ServiceError::Child(format!("afstream run failed ({status}); see {}", self.log.display()))
     }
 }
 

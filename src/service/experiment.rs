@@ -191,13 +191,9 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
             };
             plan.push((format!("failure-free{at}"), 0, theta, l));
             for &failures in &options.failures {
-                let kind = match (options.node_loss, options.kill_mid_backup) {
-                    (true, true) => "node losses mid-backup",
-                    (true, false) => "node losses",
-                    (false, true) => "failures mid-backup",
-                    (false, false) => "failures",
-                };
-                plan.push((format!("{failures} {kind}{at}"), failures, theta, l));
+                let kind = if options.node_loss { "node losses" } else { "failures" };
+                let point = if options.kill_mid_backup { " mid-backup" } else { "" };
+                plan.push((format!("{failures} {kind}{point}{at}"), failures, theta, l));
             }
         }
     }

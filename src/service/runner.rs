@@ -553,7 +553,6 @@ pub struct MarkerRoundTrips {
     in_flight: VecDeque<(u64, Instant)>,
     pub acknowledged: u64,
     pub total: Duration,
-    pub longest: Duration,
 }
 
 impl MarkerRoundTrips {
@@ -570,16 +569,14 @@ impl MarkerRoundTrips {
             return;
         };
         if acknowledged {
-            let took = sent.elapsed();
             self.acknowledged += 1;
-            self.total += took;
-            self.longest = self.longest.max(took);
+            self.total += sent.elapsed();
         }
     }
 
     /// The mean round trip, if any marker was acknowledged.
     pub fn mean(&self) -> Option<Duration> {
-        (self.acknowledged > 0).then(|| self.total / self.acknowledged.min(u64::from(u32::MAX)) as u32)
+        (self.acknowledged > 0).then(|| self.total.div_f64(self.acknowledged as f64))
     }
 }
 

@@ -484,10 +484,7 @@ impl TaskController {
                     // unwritten (see `BackupScope::Owed`). Issued when the run
                     // of input ends, so it covers the whole run (see
                     // `run_ended`).
-                    self.deferred = Some(
-                        self.deferred
-                            .map_or(BackupScope::Owed, |d| widest(d, BackupScope::Owed)),
-                    );
+                    self.defer(BackupScope::Owed);
                 }
             }
             Mode::Exact(interval) => {
@@ -539,10 +536,15 @@ impl TaskController {
             return;
         }
         if self.open.is_some() {
-            self.deferred = Some(self.deferred.map_or(scope, |deferred| widest(deferred, scope)));
+            self.defer(scope);
         } else {
             self.issue_backup(scope, false, actions);
         }
+    }
+
+    /// A backup with this scope is due later: with the widest scope asked for.
+    fn defer(&mut self, scope: BackupScope) {
+        self.deferred = Some(self.deferred.map_or(scope, |deferred| widest(deferred, scope)));
     }
 
     fn regular_scope(&self) -> BackupScope {

@@ -204,8 +204,7 @@ impl<O: Operator> TaskDriver<O> {
         }
         let sent = self.reject(offset, reason, io);
         self.item_done(offset, sent, now_ms, io);
-        self.controller.run_ended(&mut self.actions);
-        self.execute(io);
+        self.end_run(io);
         true
     }
 
@@ -244,8 +243,7 @@ impl<O: Operator> TaskDriver<O> {
             self.process_one(offset, item, now_ms, io)?;
             taken += 1;
         }
-        self.controller.run_ended(&mut self.actions);
-        self.execute(io);
+        self.end_run(io);
         Ok(taken)
     }
 
@@ -286,6 +284,14 @@ impl<O: Operator> TaskDriver<O> {
         self.stats.items += 1;
         self.controller
             .item_processed(offset, made, self.operator.divergence(), now_ms, &mut self.actions);
+        if !self.actions.is_empty() {
+            self.execute(io);
+        }
+    }
+
+    /// The run of input ends: a backup due for l goes out, covering all of it.
+    fn end_run(&mut self, io: &mut impl TaskIo<O::Output>) {
+        self.controller.run_ended(&mut self.actions);
         if !self.actions.is_empty() {
             self.execute(io);
         }

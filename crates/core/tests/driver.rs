@@ -54,6 +54,19 @@ fn word_count_driver(io: &mut Recorder, max_uncovered: u64) -> TaskDriver<WordCo
     driver
 }
 
+/// Acknowledges one output of the item at `offset`, then every backup written
+/// so far.
+fn acknowledge_output(driver: &mut TaskDriver<WordCount>, io: &mut Recorder, offset: u64) {
+    driver.acknowledge(
+        Ack::Output {
+            item_offset: offset,
+            count: 1,
+        },
+        io,
+    );
+    acknowledge_backups(driver, io);
+}
+
 /// Acknowledges every backup written so far.
 fn acknowledge_backups(driver: &mut TaskDriver<WordCount>, io: &mut Recorder) {
     for seq in std::mem::take(&mut io.backups) {
@@ -93,14 +106,7 @@ fn refused_records_are_read_and_their_dead_letters_hold_back_the_marker() {
     // its offset.
     acknowledge_backups(&mut driver, &mut io);
     for offset in [0, 0, 2, 1] {
-        driver.acknowledge(
-            Ack::Output {
-                item_offset: offset,
-                count: 1,
-            },
-            &mut io,
-        );
-        acknowledge_backups(&mut driver, &mut io);
+        acknowledge_output(&mut driver, &mut io, offset);
     }
     assert!(
         io.markers.iter().all(|m| m.input_offset <= 3),
@@ -111,27 +117,13 @@ fn refused_records_are_read_and_their_dead_letters_hold_back_the_marker() {
     // One more line: a backup past the dead letter is due.
     let more = "d".to_string();
     assert_eq!(driver.process([(4, &more)], 0, &mut io).expect("processed"), 1);
-    driver.acknowledge(
-        Ack::Output {
-            item_offset: 4,
-            count: 1,
-        },
-        &mut io,
-    );
-    acknowledge_backups(&mut driver, &mut io);
+    acknowledge_output(&mut driver, &mut io, 4);
     assert_eq!(
         io.markers.last().map(|m| m.input_offset),
         Some(3),
         "a marker passed the dead letter of offset 3 unacknowledged"
     );
-    driver.acknowledge(
-        Ack::Output {
-            item_offset: 3,
-            count: 1,
-        },
-        &mut io,
-    );
-    acknowledge_backups(&mut driver, &mut io);
+    acknowledge_output(&mut driver, &mut io, 3);
     assert_eq!(
         io.markers.last().map(|m| m.input_offset),
         Some(5),
