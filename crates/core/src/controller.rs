@@ -494,6 +494,15 @@ impl TaskController {
         }
     }
 
+    /// The state changed outside the input (a side input): a backup is due at once
+    /// if the divergence passed θ. No item was read, so l and the outputs are
+    /// untouched.
+    pub fn state_changed(&mut self, divergence: f64, actions: &mut Vec<Action>) {
+        if self.mode == Mode::Approximate && divergence > self.thresholds.theta {
+            self.trigger(BackupScope::Drifted, actions);
+        }
+    }
+
     /// The task took the items it had (or input must wait): a backup due for l
     /// goes out now, covering every item of the run. Issued item by item, the
     /// first would cover a quarter of a run that fills the window, and the rest

@@ -81,6 +81,9 @@ pub struct DriverStats {
     pub stalls: u64,
     /// Of those, the batches in which it waited for outputs (γ).
     pub stalls_for_outputs: u64,
+    /// Batches in which the operator was not ready for input (it waited for a
+    /// side input).
+    pub operator_waits: u64,
 }
 
 /// Test-only faults: a driver that breaks its guarantees, so that the property
@@ -239,6 +242,10 @@ impl<O: Operator> TaskDriver<O> {
                 self.controller.count_stall(reason);
                 break;
             }
+            if !self.operator.ready() {
+                self.stats.operator_waits += 1;
+                break;
+            }
             let Some((offset, item)) = items.next() else { break };
             self.process_one(offset, item, now_ms, io)?;
             taken += 1;
@@ -295,6 +302,26 @@ impl<O: Operator> TaskDriver<O> {
         if !self.actions.is_empty() {
             self.execute(io);
         }
+    }
+
+    /// Hands the operator something besides its input (a distributed worker's
+    /// global model): `update` changes the state, and a backup goes out at once
+    /// if the divergence passed θ. Such a change is not replayed from the input
+    /// after a failure: the adapter hands the operator its side input again
+    /// when the task starts.
+    pub fn side_input<R>(&mut self, update: impl FnOnce(&mut O) -> R, io: &mut impl TaskIo<O::Output>) -> R {
+        let result = update(&mut self.operator);
+        self.controller
+            .state_changed(self.operator.divergence(), &mut self.actions);
+        if !self.actions.is_empty() {
+            self.execute(io);
+        }
+        result
+    }
+
+    /// Whether the operator is ready for input (see [`Operator::ready`]).
+    pub fn operator_ready(&self) -> bool {
+        self.operator.ready()
     }
 
     /// Delivers one acknowledgement.

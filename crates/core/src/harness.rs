@@ -123,12 +123,12 @@ impl SimulationReport {
     }
 }
 
-enum Write {
+pub(crate) enum Write {
     Backup { seq: u64, records: Vec<BackupEntry> },
     Marker { seq: u64, record: BackupEntry },
 }
 
-struct Due<T> {
+pub(crate) struct Due<T> {
     at: u64,
     what: T,
 }
@@ -137,28 +137,51 @@ struct Due<T> {
 pub type Delivered<Out> = Vec<(u64, Out)>;
 
 /// The simulated broker: what the driver's writes do.
-struct SimBroker<Out> {
-    rng: StdRng,
-    step: u64,
+pub(crate) struct SimBroker<Out> {
+    pub(crate) rng: StdRng,
+    pub(crate) step: u64,
     max_ack_delay: u64,
     write_failure_rate: f64,
     drop_backups: bool,
     /// The changelog partition, oldest first.
-    log: Vec<BackupEntry>,
+    pub(crate) log: Vec<BackupEntry>,
     /// Changelog writes in flight, in the producer's order.
-    writes: VecDeque<Due<Write>>,
-    outputs: Vec<Due<(u64, Out)>>,
-    committed: Option<u64>,
+    pub(crate) writes: VecDeque<Due<Write>>,
+    pub(crate) outputs: Vec<Due<(u64, Out)>>,
+    pub(crate) committed: Option<u64>,
     /// Delivered outputs with the offset of their item, as of the last recovery
     /// point.
-    sink: Vec<(u64, Out)>,
+    pub(crate) sink: Vec<(u64, Out)>,
     /// Delivered outputs of items a recovery replayed.
     replayed: Vec<(u64, Out)>,
     changelog_records: u64,
-    acks: Vec<Ack>,
+    pub(crate) acks: Vec<Ack>,
 }
 
 impl<Out> SimBroker<Out> {
+    pub(crate) fn new(options: &SimulationOptions) -> Self {
+        SimBroker {
+            rng: StdRng::seed_from_u64(options.seed),
+            step: 0,
+            max_ack_delay: options.max_ack_delay,
+            write_failure_rate: options.write_failure_rate,
+            drop_backups: options.drop_backups,
+            log: Vec::new(),
+            writes: VecDeque::new(),
+            outputs: Vec::new(),
+            committed: None,
+            sink: Vec::new(),
+            replayed: Vec::new(),
+            changelog_records: 0,
+            acks: Vec::new(),
+        }
+    }
+
+    /// Whether nothing is in flight.
+    pub(crate) fn idle(&self) -> bool {
+        self.writes.is_empty() && self.outputs.is_empty()
+    }
+
     fn due(&mut self) -> u64 {
         // Acknowledgements come no sooner than the next poll, so several arrive
         // together.
@@ -177,7 +200,7 @@ impl<Out> SimBroker<Out> {
 
     /// Completes the writes and outputs due by now (with `force`, the earliest
     /// one even if it is not due, as time jumps ahead while the task waits).
-    fn deliver(&mut self, force: bool) -> bool {
+    pub(crate) fn deliver(&mut self, force: bool) -> bool {
         let now = self.step;
         let mut delivered = false;
         while let Some(front) = self.writes.front() {
@@ -249,7 +272,7 @@ impl<Out> SimBroker<Out> {
 
     /// The crash: a prefix of the writes in flight lands (one producer, one order),
     /// each output in flight may or may not; the returned outputs were lost.
-    fn crash(&mut self) -> Vec<u64> {
+    pub(crate) fn crash(&mut self) -> Vec<u64> {
         let writes: Vec<_> = self.writes.drain(..).collect();
         let landing = self.rng.gen_range(0..=writes.len());
         for (index, Due { what, .. }) in writes.into_iter().enumerate() {
@@ -284,7 +307,7 @@ impl<Out> SimBroker<Out> {
 
     /// Compaction as Kafka does it, at a random point: the latest record per key
     /// survives, in log order; deletions may survive a while or go.
-    fn compact(&mut self) {
+    pub(crate) fn compact(&mut self) {
         let drop_tombstones = self.rng.gen_bool(0.5);
         let mut seen = std::collections::HashSet::new();
         let mut kept: Vec<BackupEntry> = Vec::with_capacity(self.log.len());
@@ -391,21 +414,7 @@ where
         build: &'a dyn Fn() -> O,
         options: SimulationOptions,
     ) -> Result<Self, CoreError> {
-        let mut broker = SimBroker {
-            rng: StdRng::seed_from_u64(options.seed),
-            step: 0,
-            max_ack_delay: options.max_ack_delay,
-            write_failure_rate: options.write_failure_rate,
-            drop_backups: options.drop_backups,
-            log: Vec::new(),
-            writes: VecDeque::new(),
-            outputs: Vec::new(),
-            committed: None,
-            sink: Vec::new(),
-            replayed: Vec::new(),
-            changelog_records: 0,
-            acks: Vec::new(),
-        };
+        let mut broker = SimBroker::new(&options);
         let empty = read_changelog(&[])?;
         let (mut driver, _) = TaskDriver::recover(config, build(), &empty, None, 0, 0, &mut broker)?;
         set_driver_faults(&mut driver, options.driver_faults);
@@ -460,6 +469,7 @@ where
         t.commits += s.commits;
         t.stalls += s.stalls;
         t.stalls_for_outputs += s.stalls_for_outputs;
+        t.operator_waits += s.operator_waits;
     }
 
     fn crash(&mut self) -> Result<(), CoreError> {
@@ -689,12 +699,12 @@ where
 }
 
 #[cfg(feature = "fault-injection")]
-fn set_driver_faults<O: Operator>(driver: &mut TaskDriver<O>, faults: DriverFaults) {
+pub(crate) fn set_driver_faults<O: Operator>(driver: &mut TaskDriver<O>, faults: DriverFaults) {
     driver.inject_faults(faults);
 }
 
 #[cfg(not(feature = "fault-injection"))]
-fn set_driver_faults<O: Operator>(_driver: &mut TaskDriver<O>, _faults: DriverFaults) {}
+pub(crate) fn set_driver_faults<O: Operator>(_driver: &mut TaskDriver<O>, _faults: DriverFaults) {}
 
 /// Runs `stream` once with the options' crashes, and returns the final operator and
 /// the report.

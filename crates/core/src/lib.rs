@@ -6,8 +6,10 @@
 //! * [`controller`]: when to back up, commit and stop taking input;
 //! * [`recovery`]: backup markers and the decision a starting task makes;
 //! * [`entry`]: the versioned encoding of backup entries;
-//! * [`harness`]: an in-memory runtime with crash injection that checks the bounds.
+//! * [`harness`]: an in-memory runtime with crash injection that checks the bounds;
+//! * [`cluster`]: the same for a distributed learner's workers and averager.
 
+pub mod cluster;
 pub mod controller;
 pub mod driver;
 pub mod entry;

@@ -44,6 +44,14 @@ pub trait Operator {
     /// Processes one item, appending its outputs (at most β of them).
     fn process(&mut self, input: &Self::Input, outputs: &mut Vec<Self::Output>) -> Result<(), ProcessError>;
 
+    /// Whether the operator can take its next item. One that waits for something
+    /// besides its input (a distributed worker at a barrier, waiting for the
+    /// global model) says no; the driver then takes no input until the adapter
+    /// hands it what it waits for ([`crate::TaskDriver::side_input`]).
+    fn ready(&self) -> bool {
+        true
+    }
+
     /// The divergence of the live state from the last acknowledged backup, kept up to
     /// date incrementally.
     fn divergence(&self) -> f64;

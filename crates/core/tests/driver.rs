@@ -1,8 +1,12 @@
 //! The task driver's handling of refused records: what does not decode and what
 //! the operator rejects is read like an item, and whatever the adapter sends for
 //! it (a dead letter) is held like an output: no marker passes it unacknowledged.
+//! Also side inputs (a distributed worker's global model) and operators that
+//! wait for them.
 
-use afstream_core::operators::{WordCount, WordCountConfig};
+use afstream_core::operators::{
+    Consistency, DistributedSgdConfig, GlobalModel, LabeledVector, SgdWorker, WordCount, WordCountConfig,
+};
 use afstream_core::{
     Ack, BackupEntry, BackupMarker, ControllerConfig, FailurePolicy, GlobalThresholds, Mode, Operator, Placement,
     RecoveryPlan, Rejected, TaskDriver, TaskIo, ThresholdPolicy,
@@ -57,13 +61,7 @@ fn word_count_driver(io: &mut Recorder, max_uncovered: u64) -> TaskDriver<WordCo
 /// Acknowledges one output of the item at `offset`, then every backup written
 /// so far.
 fn acknowledge_output(driver: &mut TaskDriver<WordCount>, io: &mut Recorder, offset: u64) {
-    driver.acknowledge(
-        Ack::Output {
-            item_offset: offset,
-            count: 1,
-        },
-        io,
-    );
+    acknowledge_output_of(driver, io, offset);
     acknowledge_backups(driver, io);
 }
 
@@ -147,4 +145,70 @@ fn a_refused_record_waits_like_an_item_when_input_must() {
     assert!(io.dead_letters.is_empty(), "nothing is sent for a record not taken");
     assert_eq!(driver.stats().items, before.items);
     assert_eq!(driver.stats().stalls, before.stalls + 1);
+}
+
+#[test]
+fn a_waiting_operator_takes_no_input_and_a_side_input_past_theta_is_backed_up_at_once() {
+    let sgd = DistributedSgdConfig {
+        feature_bits: 4,
+        workers: 1,
+        publish_every: 2,
+        consistency: Consistency::Bsp,
+        ..DistributedSgdConfig::default()
+    };
+    let operator = SgdWorker::new(sgd, 0).expect("a valid worker");
+    let constants = operator.constants();
+    let global = GlobalThresholds::new(1.0, 1_000, 1_000).expect("valid thresholds");
+    let policy = ThresholdPolicy::new(global, FailurePolicy::Halving, Placement::default(), true, constants)
+        .expect("a valid policy");
+    let config = ControllerConfig::new(Mode::Approximate, policy, constants);
+    let io = &mut Recorder::default();
+    let mut driver = TaskDriver::start(config, operator, &RecoveryPlan::fresh(0), 0, io).expect("a started driver");
+    let start = io.markers.pop().expect("a start marker");
+    driver.acknowledge(Ack::MarkerWritten(start.seq), io);
+
+    let item = LabeledVector {
+        label: true,
+        features: vec![(1, 0.1)],
+    };
+    let items: Vec<(u64, &LabeledVector)> = (0..5).map(|offset| (offset, &item)).collect();
+    let taken = driver.process(items.iter().copied(), 0, io).expect("processed");
+    assert_eq!(taken, 2, "BSP: the worker waits after its first model");
+    assert_eq!(io.outputs, vec![1]);
+    assert!(!driver.operator_ready());
+    assert_eq!(driver.stats().operator_waits, 1);
+    assert_eq!(driver.stats().backups, 0, "two small steps stay within θ = 0.5");
+
+    let moved = driver.side_input(
+        |worker| {
+            worker.adopt(&GlobalModel {
+                clock: 1,
+                version: 1,
+                workers: 1,
+                items: 2,
+                loss: 0.5,
+                weights_l1: 3.0,
+                weights: vec![(2, 3.0)],
+            })
+        },
+        io,
+    );
+    assert!(moved > 0.5, "moved {moved}");
+    assert_eq!(driver.stats().backups, 1, "the move passed θ: backed up at once");
+    assert!(io.backups.is_empty(), "its entries wait for the output before them");
+    acknowledge_output_of(&mut driver, io, 1);
+    assert_eq!(io.backups.len(), 1);
+    assert!(driver.operator_ready());
+    assert_eq!(driver.process(items[2..].iter().copied(), 0, io).expect("processed"), 2);
+}
+
+/// Acknowledges one output of the item at `offset`.
+fn acknowledge_output_of<O: Operator>(driver: &mut TaskDriver<O>, io: &mut Recorder, offset: u64) {
+    driver.acknowledge(
+        Ack::Output {
+            item_offset: offset,
+            count: 1,
+        },
+        io,
+    );
 }

@@ -160,6 +160,44 @@ impl OnlineLogisticRegression {
         self.weights.values().map(f64::abs).sum()
     }
 
+    /// How many weights the model has: the hashed features and the bias.
+    pub fn weight_count(&self) -> usize {
+        self.weights.len()
+    }
+
+    /// The weight in `slot` (a hashed feature, or the bias in the last slot).
+    pub fn weight(&self, slot: u32) -> f64 {
+        self.weights.get(slot)
+    }
+
+    /// The weights that are not zero, as (slot, weight): what a model message
+    /// carries.
+    pub fn nonzero_weights(&self) -> Vec<(u32, f64)> {
+        self.weights
+            .values()
+            .enumerate()
+            .filter(|&(_, w)| w != 0.0)
+            .map(|(slot, w)| (slot as u32, w))
+            .collect()
+    }
+
+    /// Moves one weight by `delta` outside training (a distributed worker taking
+    /// in the global model). The divergence counts the move like any other.
+    pub(crate) fn shift_weight(&mut self, slot: u32, delta: f64) {
+        self.weights.add(slot, delta);
+    }
+
+    /// The progress totals: inputs trained on, inputs predicted right, summed
+    /// log-loss.
+    pub fn totals(&self) -> (f64, f64, f64) {
+        (self.steps.get(), self.correct.get(), self.loss.get())
+    }
+
+    /// The tracked structures, for an operator that adds its own beside them.
+    pub(crate) fn parts(&mut self) -> [&mut dyn Tracked; 4] {
+        [&mut self.weights, &mut self.steps, &mut self.correct, &mut self.loss]
+    }
+
     /// Accuracy and mean log-loss on a held-out set, without training.
     pub fn evaluate(&self, data: &[LabeledVector]) -> (f64, f64) {
         if data.is_empty() {
@@ -236,33 +274,19 @@ impl Operator for OnlineLogisticRegression {
     }
 
     fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
-        backup_all(
-            &mut [&mut self.weights, &mut self.steps, &mut self.correct, &mut self.loss],
-            seq,
-            scope,
-            out,
-        );
+        backup_all(&mut self.parts(), seq, scope, out);
     }
 
     fn acknowledge_backup(&mut self, seq: u64) {
-        acknowledge_all(
-            &mut [&mut self.weights, &mut self.steps, &mut self.correct, &mut self.loss],
-            seq,
-        );
+        acknowledge_all(&mut self.parts(), seq);
     }
 
     fn fail_backup(&mut self, seq: u64) {
-        fail_all(
-            &mut [&mut self.weights, &mut self.steps, &mut self.correct, &mut self.loss],
-            seq,
-        );
+        fail_all(&mut self.parts(), seq);
     }
 
     fn restore(&mut self, entries: &[BackupEntry]) -> Result<(), CoreError> {
-        restore_all(
-            &mut [&mut self.weights, &mut self.steps, &mut self.correct, &mut self.loss],
-            entries,
-        )
+        restore_all(&mut self.parts(), entries)
     }
 
     fn constants(&self) -> AnalysisConstants {

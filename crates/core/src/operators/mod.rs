@@ -5,6 +5,7 @@ pub mod heavy_hitters;
 pub mod keyed_aggregation;
 pub mod logistic_regression;
 pub mod online_join;
+pub mod sgd;
 pub mod tokenize;
 pub mod word_count;
 
@@ -13,5 +14,6 @@ pub use heavy_hitters::{FlowPacket, HeavyHitter, HeavyHitterConfig, HeavyHitters
 pub use keyed_aggregation::{Aggregate, KeyUpdate, KeyedAggregation, KeyedAggregationConfig, KeyedValue};
 pub use logistic_regression::{LabeledVector, LogisticConfig, OnlineLogisticRegression, Prediction};
 pub use online_join::{JoinConfig, JoinEstimate, JoinTuple, OnlineJoin, Side};
+pub use sgd::{Consistency, DistributedSgdConfig, GlobalModel, LocalModel, ModelAverager, SgdWorker};
 pub use tokenize::{Tokenize, TokenizeConfig};
 pub use word_count::{WordCount, WordCountConfig};
