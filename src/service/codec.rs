@@ -22,7 +22,9 @@ use crate::operators::keyed_aggregation::{KeyUpdate, KeyedAggregation, KeyedAggr
 use crate::operators::logistic_regression::{LabeledVector, LogisticConfig, OnlineLogisticRegression, Prediction};
 use crate::operators::online_join::{JoinConfig, JoinEstimate, JoinTuple, OnlineJoin, Side};
 use crate::operators::word_count::{WordCount, WordCountConfig};
-use crate::operators::{Grep, Tokenize, TokenizeConfig};
+use crate::operators::{
+    DistributedSgdConfig, GlobalModel, Grep, LocalModel, ModelAverager, SgdWorker, Tokenize, TokenizeConfig,
+};
 
 /// The workloads' schemas, as shipped in `schemas/`.
 pub mod schemas {
@@ -34,6 +36,8 @@ pub mod schemas {
     pub const PREDICTION: &str = include_str!("../../schemas/prediction.avsc");
     pub const JOIN_TUPLE: &str = include_str!("../../schemas/join_tuple.avsc");
     pub const JOIN_ESTIMATE: &str = include_str!("../../schemas/join_estimate.avsc");
+    pub const LOCAL_MODEL: &str = include_str!("../../schemas/local_model.avsc");
+    pub const GLOBAL_MODEL: &str = include_str!("../../schemas/global_model.avsc");
 }
 
 /// An operator the service can run: how it is built, how a record becomes its
@@ -59,6 +63,47 @@ pub trait ServiceOperator: Operator + Sized {
     /// Builds the operator, its keyed state in `store` (with about
     /// `resident_keys` clean keys in memory) when one is given.
     fn build(config: &Self::Config, store: Option<(Box<dyn KeyStore>, usize)>) -> Result<Self, CoreError>;
+
+    /// Builds the task of input partition `partition` (operators whose tasks
+    /// differ by partition, such as a distributed worker, override this).
+    fn for_partition(
+        config: &Self::Config,
+        partition: u32,
+        store: Option<(Box<dyn KeyStore>, usize)>,
+    ) -> Result<Self, CoreError> {
+        let _ = partition;
+        Self::build(config, store)
+    }
+
+    /// Takes in a record of the pipeline's feedback topic (`feedback_topic`: a
+    /// topic every task reads besides its input, such as a distributed
+    /// learner's global model), decoded by `codec`. Returns how far it moved
+    /// the state (the operator's divergence function).
+    fn feedback(&mut self, codec: &Codec, value: &[u8]) -> Result<f64, String> {
+        let _ = (codec, value);
+        Err("this operator reads no feedback topic".into())
+    }
+
+    /// The codec of the pipeline's feedback topic, for an operator that reads
+    /// one (it must: a pipeline without `feedback_topic` is refused), or None.
+    fn feedback_codec(pipeline: &PipelineConfig) -> Result<Option<Codec>, String> {
+        let _ = pipeline;
+        Ok(None)
+    }
+
+    /// Checks that the input's partition count suits the operator.
+    fn check_partitions(config: &Self::Config, partitions: usize) -> Result<(), String> {
+        let _ = (config, partitions);
+        Ok(())
+    }
+
+    /// How many partitions its output topic needs when this pipeline creates it
+    /// (None: as many as the input has). A distributed worker's models go to
+    /// one averaging task, so one.
+    fn output_partitions(config: &Self::Config) -> Option<usize> {
+        let _ = config;
+        None
+    }
 
     /// An input to decode into.
     fn empty_input() -> Self::Input;
@@ -403,6 +448,73 @@ pub struct PredictionRecord {
     pub correct: bool,
 }
 
+/// `afstream.Weight`: one weight of a model.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WeightRecord {
+    pub slot: i32,
+    pub weight: f64,
+}
+
+fn weight_records(weights: &[(u32, f64)]) -> Vec<WeightRecord> {
+    weights
+        .iter()
+        .map(|&(slot, weight)| WeightRecord {
+            slot: slot as i32,
+            weight,
+        })
+        .collect()
+}
+
+fn weights_of(records: &[WeightRecord]) -> Result<Vec<(u32, f64)>, String> {
+    records
+        .iter()
+        .map(|w| match u32::try_from(w.slot) {
+            Ok(slot) if w.weight.is_finite() => Ok((slot, w.weight)),
+            _ => Err(format!("weight {} in slot {}", w.weight, w.slot)),
+        })
+        .collect()
+}
+
+/// `afstream.LocalModel`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LocalModelRecord {
+    pub worker: i32,
+    pub iteration: i64,
+    pub items: i64,
+    pub loss: f64,
+    pub accuracy: f64,
+    pub weights: Vec<WeightRecord>,
+}
+
+/// `afstream.GlobalModel`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GlobalModelRecord {
+    pub clock: i64,
+    pub version: i64,
+    pub workers: i32,
+    pub items: i64,
+    pub loss: f64,
+    pub accuracy: f64,
+    pub weights_l1: f64,
+    pub weights: Vec<WeightRecord>,
+}
+
+impl GlobalModelRecord {
+    pub fn to_model(&self) -> Result<GlobalModel, String> {
+        let count = |name: &str, n: i64| u64::try_from(n).map_err(|_| format!("`{name}` = {n} is negative"));
+        Ok(GlobalModel {
+            clock: count("clock", self.clock)?,
+            version: count("version", self.version)?,
+            workers: u32::try_from(self.workers).map_err(|_| format!("`workers` = {} is negative", self.workers))?,
+            items: count("items", self.items)?,
+            loss: self.loss,
+            accuracy: self.accuracy,
+            weights_l1: self.weights_l1,
+            weights: weights_of(&self.weights)?,
+        })
+    }
+}
+
 /// `afstream.JoinTuple`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JoinTupleRecord<'a> {
@@ -683,6 +795,126 @@ impl ServiceOperator for OnlineLogisticRegression {
     }
 }
 
+impl ServiceOperator for SgdWorker {
+    type Config = DistributedSgdConfig;
+    /// 2^feature_bits weights: a dense vector, in memory.
+    const STORE_BACKED: bool = false;
+    const INPUT_SCHEMA: &'static str = schemas::LABELED_VECTOR;
+    const OUTPUT_SCHEMA: &'static str = schemas::LOCAL_MODEL;
+    type Record<'a> = LabeledVectorRecord;
+    type OutputRecord<'a> = LocalModelRecord;
+
+    /// The worker of partition 0 (what `check` and `exact` look at).
+    fn build(config: &DistributedSgdConfig, store: Option<(Box<dyn KeyStore>, usize)>) -> Result<Self, CoreError> {
+        Self::for_partition(config, 0, store)
+    }
+
+    fn for_partition(
+        config: &DistributedSgdConfig,
+        partition: u32,
+        _store: Option<(Box<dyn KeyStore>, usize)>,
+    ) -> Result<Self, CoreError> {
+        SgdWorker::new(*config, partition)
+    }
+
+    /// The feedback topic holds the averager's global models.
+    fn feedback(&mut self, codec: &Codec, value: &[u8]) -> Result<f64, String> {
+        let fields = codec.output_fields::<ModelAverager>(None, value)?;
+        let record: GlobalModelRecord =
+            serde_json::from_value(fields).map_err(|e| format!("not a global model: {e}"))?;
+        Ok(self.adopt(&record.to_model()?))
+    }
+
+    fn output_partitions(_config: &DistributedSgdConfig) -> Option<usize> {
+        Some(1)
+    }
+
+    /// The averager's outputs, in the pipeline's format (Avro: plain datums).
+    fn feedback_codec(pipeline: &PipelineConfig) -> Result<Option<Codec>, String> {
+        Codec::for_format::<ModelAverager>(pipeline.format, None).map(Some)
+    }
+
+    fn check_partitions(config: &DistributedSgdConfig, partitions: usize) -> Result<(), String> {
+        if config.workers as usize == partitions {
+            Ok(())
+        } else {
+            Err(format!(
+                "`workers` = {} but the input topic has {partitions} partitions: one worker per partition, and the \
+                 averager waits for `workers` of them",
+                config.workers
+            ))
+        }
+    }
+
+    fn empty_input() -> LabeledVector {
+        <OnlineLogisticRegression as ServiceOperator>::empty_input()
+    }
+
+    fn from_record(record: LabeledVectorRecord, input: &mut LabeledVector) -> Result<(), String> {
+        <OnlineLogisticRegression as ServiceOperator>::from_record(record, input)
+    }
+
+    fn to_record(model: &LocalModel) -> LocalModelRecord {
+        LocalModelRecord {
+            worker: model.worker as i32,
+            iteration: model.iteration as i64,
+            items: model.items as i64,
+            loss: model.loss,
+            accuracy: model.accuracy,
+            weights: weight_records(&model.weights),
+        }
+    }
+}
+
+impl ServiceOperator for ModelAverager {
+    type Config = DistributedSgdConfig;
+    /// One slice of weights per worker, in memory.
+    const STORE_BACKED: bool = false;
+    const INPUT_SCHEMA: &'static str = schemas::LOCAL_MODEL;
+    const OUTPUT_SCHEMA: &'static str = schemas::GLOBAL_MODEL;
+    type Record<'a> = LocalModelRecord;
+    type OutputRecord<'a> = GlobalModelRecord;
+
+    fn build(config: &DistributedSgdConfig, _store: Option<(Box<dyn KeyStore>, usize)>) -> Result<Self, CoreError> {
+        ModelAverager::new(*config)
+    }
+
+    fn empty_input() -> LocalModel {
+        LocalModel {
+            worker: 0,
+            iteration: 0,
+            items: 0,
+            loss: 0.0,
+            accuracy: 0.0,
+            weights: Vec::new(),
+        }
+    }
+
+    fn from_record(record: LocalModelRecord, model: &mut LocalModel) -> Result<(), String> {
+        let count = |name: &str, n: i64| u64::try_from(n).map_err(|_| format!("`{name}` = {n} is negative"));
+        model.worker = u32::try_from(record.worker).map_err(|_| format!("`worker` = {} is negative", record.worker))?;
+        model.iteration = count("iteration", record.iteration)?;
+        model.items = count("items", record.items)?;
+        model.loss = record.loss;
+        model.accuracy = record.accuracy;
+        model.weights = weights_of(&record.weights)?;
+        Ok(())
+    }
+
+    fn to_record(global: &GlobalModel) -> GlobalModelRecord {
+        GlobalModelRecord {
+            clock: global.clock as i64,
+            version: global.version as i64,
+            workers: global.workers as i32,
+            items: global.items as i64,
+            loss: global.loss,
+            accuracy: global.accuracy,
+            weights_l1: global.weights_l1,
+            weights: weight_records(&global.weights),
+        }
+    }
+}
+
 impl ServiceOperator for OnlineJoin {
     type Config = JoinConfig;
     /// A sample of p of each stream, in memory.
@@ -934,6 +1166,39 @@ mod tests {
                 correct: false,
             },
         );
+        let model = LocalModel {
+            worker: 2,
+            iteration: 7,
+            items: 7_000,
+            loss: 0.5,
+            accuracy: 0.75,
+            weights: vec![(0, 1.5), (4096, -0.25)],
+        };
+        round_trip::<SgdWorker>(
+            LabeledVectorRecord {
+                label: false,
+                features: vec![FeatureRecord { index: 1, value: 1.0 }],
+            },
+            LabeledVector {
+                label: false,
+                features: vec![(1, 1.0)],
+            },
+            model.clone(),
+        );
+        round_trip::<ModelAverager>(
+            SgdWorker::to_record(&model),
+            model,
+            GlobalModel {
+                clock: 7,
+                version: 21,
+                workers: 3,
+                items: 21_000,
+                loss: 0.5,
+                accuracy: 0.75,
+                weights_l1: 1.75,
+                weights: vec![(0, 1.5), (4096, -0.25)],
+            },
+        );
         round_trip::<OnlineJoin>(
             JoinTupleRecord {
                 side: "right".into(),
@@ -969,6 +1234,8 @@ mod tests {
             schemas::PREDICTION,
             schemas::JOIN_TUPLE,
             schemas::JOIN_ESTIMATE,
+            schemas::LOCAL_MODEL,
+            schemas::GLOBAL_MODEL,
         ];
         let mut files = 0;
         for entry in std::fs::read_dir(&dir).expect("schemas/") {

@@ -12,7 +12,8 @@ use serde::Deserialize;
 use super::codec::ServiceOperator;
 use crate::core::{CoreError, ExactInterval, FailurePolicy, GlobalThresholds, Mode, Operator};
 use crate::operators::{
-    HeavyHitterConfig, JoinConfig, KeyedAggregationConfig, LogisticConfig, TokenizeConfig, WordCountConfig,
+    DistributedSgdConfig, HeavyHitterConfig, JoinConfig, KeyedAggregationConfig, LogisticConfig, TokenizeConfig,
+    WordCountConfig,
 };
 
 /// Overrides `kafka.bootstrap_servers` of any config file.
@@ -160,8 +161,14 @@ pub struct PipelineConfig {
     #[serde(default)]
     pub group_id: Option<String>,
     pub input_topic: String,
-    /// Created when missing, with as many partitions as the input.
+    /// Created when missing, with as many partitions as the input (one for a
+    /// distributed SGD worker's models).
     pub output_topic: String,
+    /// A topic every task reads besides its input, every record of it to every
+    /// task: a distributed SGD worker's global models (the averager's output).
+    /// Read from its last record when a task starts; never committed.
+    #[serde(default)]
+    pub feedback_topic: Option<String>,
     /// Default: `<group_id>-changelog`. Created when missing: compacted, one
     /// partition per input partition.
     #[serde(default)]
@@ -243,6 +250,10 @@ pub enum OperatorConfig {
     LogisticRegression(LogisticConfig),
     OnlineJoin(JoinConfig),
     Tokenize(TokenizeConfig),
+    /// A distributed SGD worker (one per input partition).
+    SgdWorker(DistributedSgdConfig),
+    /// The distributed SGD task that averages the workers' models.
+    ModelAverager(DistributedSgdConfig),
 }
 
 /// Grep: lines matching a regular expression pass, the others do not.
@@ -264,6 +275,8 @@ impl OperatorConfig {
             OperatorConfig::LogisticRegression(_) => "logistic_regression",
             OperatorConfig::OnlineJoin(_) => "online_join",
             OperatorConfig::Tokenize(_) => "tokenize",
+            OperatorConfig::SgdWorker(_) => "sgd_worker",
+            OperatorConfig::ModelAverager(_) => "model_averager",
         }
     }
 
@@ -313,6 +326,14 @@ macro_rules! with_operator {
             }
             Kind::Tokenize($config) => {
                 type $operator = $crate::operators::Tokenize;
+                $body
+            }
+            Kind::SgdWorker($config) => {
+                type $operator = $crate::operators::SgdWorker;
+                $body
+            }
+            Kind::ModelAverager($config) => {
+                type $operator = $crate::operators::ModelAverager;
                 $body
             }
         }

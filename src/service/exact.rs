@@ -22,7 +22,8 @@ use crate::core::Operator;
 use crate::operators::heavy_hitters::detection_accuracy;
 use crate::operators::online_join::{exact_join, relative_error};
 use crate::operators::{
-    Grep, HeavyHitters, HitterThreshold, KeyedAggregation, OnlineJoin, OnlineLogisticRegression, Tokenize, WordCount,
+    GlobalModel, Grep, HeavyHitters, HitterThreshold, KeyedAggregation, LabeledVector, LocalModel, ModelAverager,
+    OnlineJoin, OnlineLogisticRegression, SgdWorker, Tokenize, WordCount,
 };
 
 /// Keys listed by name when some are missing or unexpected.
@@ -597,6 +598,79 @@ impl Answering for OnlineLogisticRegression {
             log_loss,
             over_time,
         }
+    }
+}
+
+/// A distributed learner's reference: one learner trained on all the input,
+/// in partition order (no averaging, no waiting).
+pub struct SingleLearner(OnlineLogisticRegression);
+
+impl ExactState<SgdWorker> for SingleLearner {
+    fn take(&mut self, _: i32, input: &LabeledVector, _: &mut Vec<LocalModel>) -> bool {
+        self.0.process(input, &mut Vec::new()).is_ok()
+    }
+
+    fn answer(self, _: &Config) -> Answer {
+        Answer::Predictions {
+            items: self.0.steps(),
+            accuracy: self.0.accuracy(),
+            log_loss: self.0.log_loss(),
+        }
+    }
+}
+
+/// The progressive scores in model records (`accuracy`, `loss`): their mean.
+fn score_models(outputs: &[OutputFields]) -> Comparison {
+    let n = outputs.len().max(1) as f64;
+    Comparison::Predictions {
+        output_items: outputs.len() as u64,
+        accuracy: outputs.iter().map(|o| number(&o.fields, "accuracy")).sum::<f64>() / n,
+        log_loss: outputs.iter().map(|o| number(&o.fields, "loss")).sum::<f64>() / n,
+        over_time: Vec::new(),
+    }
+}
+
+impl Answering for SgdWorker {
+    type State = SingleLearner;
+    fn start(worker: Self, _: usize) -> SingleLearner {
+        SingleLearner(worker.model().clone())
+    }
+    /// The workers' iterations, scored as they trained.
+    fn compare(_: &Answer, outputs: &[OutputFields], _: usize) -> Comparison {
+        score_models(outputs)
+    }
+}
+
+/// The averager's input is the workers' models: their latest scores.
+pub struct LatestModels(BTreeMap<u32, LocalModel>);
+
+impl ExactState<ModelAverager> for LatestModels {
+    fn take(&mut self, _: i32, model: &LocalModel, _: &mut Vec<GlobalModel>) -> bool {
+        let newer = self.0.get(&model.worker).is_none_or(|m| m.items <= model.items);
+        if newer {
+            self.0.insert(model.worker, model.clone());
+        }
+        true
+    }
+
+    fn answer(self, _: &Config) -> Answer {
+        let n = self.0.len().max(1) as f64;
+        Answer::Predictions {
+            items: self.0.values().map(|m| m.items).sum(),
+            accuracy: self.0.values().map(|m| m.accuracy).sum::<f64>() / n,
+            log_loss: self.0.values().map(|m| m.loss).sum::<f64>() / n,
+        }
+    }
+}
+
+impl Answering for ModelAverager {
+    type State = LatestModels;
+    fn start(_: Self, _: usize) -> LatestModels {
+        LatestModels(BTreeMap::new())
+    }
+    /// The global models' scores (the mean of the workers' latest).
+    fn compare(_: &Answer, outputs: &[OutputFields], _: usize) -> Comparison {
+        score_models(outputs.last().map(std::slice::from_ref).unwrap_or_default())
     }
 }
 

@@ -106,8 +106,19 @@ fn create_intermediate_topics(configs: &[Config]) -> Result<(), ServiceError> {
             .iter()
             .find(|c| c.stage.as_ref().is_some_and(|s| s.index == 1 && s.chain == stage.chain));
         let Some(head) = head else { continue };
-        let partitions = kafka::partition_count(&head.kafka, &head.pipeline.input_topic)?
-            .ok_or_else(|| KafkaSetupError::MissingTopic(head.pipeline.input_topic.clone()))?;
+        let upstream = configs
+            .iter()
+            .find(|c| c.pipeline.output_topic == config.pipeline.input_topic);
+        let declared = upstream.and_then(|upstream| {
+            crate::with_operator!(&upstream.pipeline.operator, |O, c| {
+                <O as codec::ServiceOperator>::output_partitions(c)
+            })
+        });
+        let partitions = match declared {
+            Some(partitions) => partitions,
+            None => kafka::partition_count(&head.kafka, &head.pipeline.input_topic)?
+                .ok_or_else(|| KafkaSetupError::MissingTopic(head.pipeline.input_topic.clone()))?,
+        };
         kafka::ensure_topics(
             &config.kafka,
             &[kafka::TopicSpec {
@@ -134,11 +145,21 @@ pub fn run_all(configs: &[Config], stop: &AtomicBool, options: RunOptions) -> Re
     }
     create_intermediate_topics(configs)?;
     // With --stop-at-end a chain's stages run one after the other, so that each
-    // reads its upstream's whole output; otherwise every pipeline runs at once.
+    // reads its upstream's whole output; otherwise every pipeline runs at once,
+    // and so does a chain whose stages feed back (a distributed learner's
+    // workers wait for their averager).
+    let feeds_back = |config: &Config| {
+        let chain = config.stage.as_ref().map(|s| &s.chain);
+        configs
+            .iter()
+            .any(|c| c.stage.as_ref().map(|s| &s.chain) == chain && c.pipeline.feedback_topic.is_some())
+    };
     let mut units: Vec<Vec<&Config>> = Vec::new();
     for config in configs {
         match (&config.stage, units.last_mut()) {
-            (Some(stage), Some(unit)) if options.stop_at_end && stage.index > 1 => unit.push(config),
+            (Some(stage), Some(unit)) if options.stop_at_end && stage.index > 1 && !feeds_back(config) => {
+                unit.push(config)
+            }
             _ => units.push(vec![config]),
         }
     }

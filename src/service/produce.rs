@@ -58,7 +58,11 @@ impl Workload {
             OperatorConfig::WordCount(_) | OperatorConfig::Grep(_) | OperatorConfig::Tokenize(_) => Workload::Text,
             OperatorConfig::HeavyHitters(_) => Workload::Packets,
             OperatorConfig::KeyedAggregation(_) => Workload::Keyed,
-            OperatorConfig::LogisticRegression(_) => Workload::Vectors,
+            // The averager reads what the workers write; a chain is produced
+            // to from its head.
+            OperatorConfig::LogisticRegression(_) | OperatorConfig::SgdWorker(_) | OperatorConfig::ModelAverager(_) => {
+                Workload::Vectors
+            }
             OperatorConfig::OnlineJoin(_) => Workload::Join,
         }
     }

@@ -997,8 +997,9 @@ impl<O: ServiceOperator> Task<O> {
     ) -> Result<Self, ServiceError> {
         let partition = assigned.partition;
         let restore_error = |source| ServiceError::Restore { partition, source };
-        let mut operator = O::build(
+        let mut operator = O::for_partition(
             operator_config,
+            partition as u32,
             assigned
                 .store
                 .as_ref()
@@ -1385,6 +1386,26 @@ impl<O: ServiceOperator> Task<O> {
             )
     }
 
+    /// Hands the operator a record of the feedback topic; one that does not
+    /// decode is skipped with a warning (the next one supersedes it).
+    fn feedback(&mut self, shared: &Shared<'_>, codec: &Codec, value: &[u8]) {
+        let mut io = Self::io(
+            shared,
+            self.partition,
+            &mut self.flight,
+            &mut self.key,
+            &mut self.value,
+            RawRecords::NONE,
+        );
+        match self
+            .driver
+            .side_input(|operator| operator.feedback(codec, value), &mut io)
+        {
+            Ok(moved) => tracing::debug!(partition = self.partition, moved, "feedback taken in"),
+            Err(error) => tracing::warn!(partition = self.partition, %error, "a feedback record was skipped"),
+        }
+    }
+
     fn begin_stop(&mut self, shared: &Shared<'_>) {
         self.before_stop = Some(self.driver.stats());
         let mut io = Self::io(
@@ -1401,6 +1422,85 @@ impl<O: ServiceOperator> Task<O> {
 }
 
 /// Empties a list the rebalance callback fills (empty when its lock is poisoned).
+/// The pipeline's feedback topic: every record to every task, from the last
+/// one there when the pipeline starts. Not a group member: nothing to commit,
+/// and every process reads all of it.
+struct FeedbackReader {
+    consumer: BaseConsumer,
+    codec: Codec,
+    /// The latest record, for the tasks that start later.
+    latest: Option<Vec<u8>>,
+}
+
+impl FeedbackReader {
+    fn open<O: ServiceOperator>(config: &Config) -> Result<Option<Self>, ServiceError> {
+        let pipeline = &config.pipeline;
+        let codec = O::feedback_codec(pipeline).map_err(ServiceError::Unsupported)?;
+        let (topic, codec) = match (&pipeline.feedback_topic, codec) {
+            (None, None) => return Ok(None),
+            (Some(topic), Some(codec)) => (topic, codec),
+            (None, Some(_)) => {
+                return Err(ServiceError::Unsupported(format!(
+                    "operator {} reads a feedback topic: set `feedback_topic` (the averager's output topic)",
+                    pipeline.operator.kind()
+                )))
+            }
+            (Some(topic), None) => {
+                return Err(ServiceError::Unsupported(format!(
+                    "`feedback_topic` = {topic:?}, but operator {} reads no feedback",
+                    pipeline.operator.kind()
+                )))
+            }
+        };
+        let kafka = &config.kafka;
+        ensure_topics(
+            kafka,
+            &[TopicSpec {
+                name: topic,
+                partitions: 1,
+                compacted: false,
+            }],
+        )?;
+        let partitions = partition_count(kafka, topic)?.ok_or_else(|| KafkaSetupError::MissingTopic(topic.clone()))?;
+        let consumer: BaseConsumer = client_config(
+            kafka,
+            ClientRole::Consumer,
+            &[
+                ("group.id", &format!("{}-feedback", kafka.group_id)),
+                ("enable.auto.commit", "false"),
+                ("enable.auto.offset.store", "false"),
+            ],
+        )
+        .create()?;
+        let mut assignment = TopicPartitionList::new();
+        for partition in 0..partitions as i32 {
+            assignment.add_partition_offset(topic, partition, Offset::OffsetTail(1))?;
+        }
+        consumer.assign(&assignment)?;
+        tracing::info!(feedback = %topic, partitions, "reading the feedback topic from its last record");
+        Ok(Some(FeedbackReader {
+            consumer,
+            codec,
+            latest: None,
+        }))
+    }
+
+    /// The records that arrived since the last call.
+    fn poll(&mut self) -> Vec<Vec<u8>> {
+        let mut records = Vec::new();
+        while let Some(result) = self.consumer.poll(Duration::ZERO) {
+            match result {
+                Ok(message) => records.push(message.payload().unwrap_or_default().to_vec()),
+                Err(error) => {
+                    tracing::warn!(%error, "fetching feedback");
+                    break;
+                }
+            }
+        }
+        records
+    }
+}
+
 fn take<T: Default>(list: &Mutex<T>) -> T {
     list.lock().map(|mut l| std::mem::take(&mut *l)).unwrap_or_default()
 }
@@ -1506,7 +1606,7 @@ pub fn run_pipeline<O: ServiceOperator>(
             },
             TopicSpec {
                 name: &topics.output,
-                partitions,
+                partitions: O::output_partitions(operator_config).unwrap_or(partitions),
                 compacted: false,
             },
             TopicSpec {
@@ -1516,6 +1616,8 @@ pub fn run_pipeline<O: ServiceOperator>(
             },
         ],
     )?;
+    O::check_partitions(operator_config, partitions).map_err(ServiceError::Unsupported)?;
+    let mut feedback = FeedbackReader::open::<O>(config)?;
     let ft = &pipeline.fault_tolerance;
     let plan = TaskPlan::new::<O>(config, operator_config, partitions)?;
     let controller = plan.controller;
@@ -1717,6 +1819,12 @@ pub fn run_pipeline<O: ServiceOperator>(
                 pipeline.store.resident_keys,
                 now_ms,
             )?;
+            if let Some(reader) = &feedback {
+                // The latest global model, as a restarted worker must take it in again.
+                if let Some(latest) = &reader.latest {
+                    task.feedback(&shared, &reader.codec, latest);
+                }
+            }
             if stopping.is_some() {
                 // Assigned while the loop is stopping: it stops at once, cleanly
                 // (a final backup and a clean marker where it started).
@@ -1741,6 +1849,15 @@ pub fn run_pipeline<O: ServiceOperator>(
                 None => handoff = Some(revocation),
             }
             worked = true;
+        }
+        if let Some(reader) = &mut feedback {
+            for value in reader.poll() {
+                for task in tasks.values_mut() {
+                    task.feedback(&shared, &reader.codec, &value);
+                }
+                reader.latest = Some(value);
+                worked = true;
+            }
         }
         match message {
             // A record fetched before its partition's queue was split.

@@ -283,6 +283,13 @@ impl Service {
         Self::spawn(Command::new(env!("CARGO_BIN_EXE_afstream")), config, log, stop_at_end)
     }
 
+    /// Runs one pipeline of a file of several, until stopped.
+    pub fn start_pipeline(config: &Path, log: &Path, pipeline: &str) -> Service {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_afstream"));
+        command.args(["run", "--pipeline", pipeline]);
+        Self::spawn_run(command, config, log, false)
+    }
+
     /// Starts `afstream run` with every file it writes limited to `kib` KiB
     /// (`ulimit -f`, with SIGXFSZ ignored): a write past it fails with EFBIG, as
     /// one fails with ENOSPC on a full disk.
@@ -298,13 +305,19 @@ impl Service {
     }
 
     fn spawn(mut command: Command, config: &Path, log: &Path, stop_at_end: bool) -> Service {
+        command.arg("run");
+        Self::spawn_run(command, config, log, stop_at_end)
+    }
+
+    /// Starts `command` (an `afstream run` short of its config) with the config,
+    /// logging to `log`.
+    fn spawn_run(mut command: Command, config: &Path, log: &Path, stop_at_end: bool) -> Service {
         let log_file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .expect("open the service log");
         command
-            .arg("run")
             .arg("--config")
             .arg(config)
             .env("RUST_LOG", "info")

@@ -33,6 +33,7 @@ const ITERATIONS: u8 = 2;
 const ITEMS: u8 = 3;
 const LOSSES: u8 = 4;
 const VERSION: u8 = 5;
+const ACCURACIES: u8 = 6;
 
 #[derive(Clone, Debug)]
 pub struct ModelAverager {
@@ -43,6 +44,7 @@ pub struct ModelAverager {
     iterations: TrackedVector,
     items: TrackedVector,
     losses: TrackedVector,
+    accuracies: TrackedVector,
     /// Models taken in, in all.
     version: TrackedValue,
     /// The sum of the slices, slot by slot (derived).
@@ -66,6 +68,7 @@ impl ModelAverager {
             iterations: TrackedVector::new(ITERATIONS, Norm::L1, workers)?,
             items: TrackedVector::new(ITEMS, Norm::L1, workers)?,
             losses: TrackedVector::new(LOSSES, Norm::L1, workers)?,
+            accuracies: TrackedVector::new(ACCURACIES, Norm::L1, workers)?,
             version: TrackedValue::new(VERSION),
             sum: vec![0.0; dims],
             published_clock: 0,
@@ -94,16 +97,34 @@ impl ModelAverager {
             .filter(|&(_, &w)| w != 0.0)
             .map(|(slot, &w)| (slot as u32, w * scale))
             .collect();
-        let reported = || self.items.values().zip(self.losses.values()).filter(|&(n, _)| n > 0.0);
+        let reported = || {
+            self.items
+                .values()
+                .zip(self.losses.values().zip(self.accuracies.values()))
+                .filter(|&(n, _)| n > 0.0)
+        };
         GlobalModel {
             clock: self.clock(),
             version: self.version.get() as u64,
             workers: reporting,
             items: reported().map(|(n, _)| n as u64).sum(),
-            loss: reported().map(|(_, loss)| loss).sum::<f64>() * scale,
+            loss: reported().map(|(_, (loss, _))| loss).sum::<f64>() * scale,
+            accuracy: reported().map(|(_, (_, accuracy))| accuracy).sum::<f64>() * scale,
             weights_l1: weights.iter().map(|(_, w)| w.abs()).sum(),
             weights,
         }
+    }
+
+    /// The tracked structures: the slices (which the divergence counts) first.
+    fn parts(&mut self) -> [&mut dyn Tracked; 6] {
+        [
+            &mut self.slices,
+            &mut self.iterations,
+            &mut self.items,
+            &mut self.losses,
+            &mut self.accuracies,
+            &mut self.version,
+        ]
     }
 
     fn rebuild_sum(&mut self) {
@@ -165,6 +186,7 @@ impl Operator for ModelAverager {
             .set(worker, self.iterations.get(worker).max(model.iteration as f64));
         self.items.set(worker, model.items.max(1) as f64);
         self.losses.set(worker, model.loss);
+        self.accuracies.set(worker, model.accuracy);
         self.version.add(1.0);
         let clock = self.clock();
         let due = match self.config.consistency {
@@ -191,57 +213,21 @@ impl Operator for ModelAverager {
     }
 
     fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
-        backup_all(&mut [&mut self.slices], seq, scope, out);
-        backup_all(
-            &mut [
-                &mut self.iterations,
-                &mut self.items,
-                &mut self.losses,
-                &mut self.version,
-            ],
-            seq,
-            scope.for_uncounted(),
-            out,
-        );
+        let [slices, mut uncounted @ ..] = self.parts();
+        backup_all(&mut [slices], seq, scope, out);
+        backup_all(&mut uncounted, seq, scope.for_uncounted(), out);
     }
 
     fn acknowledge_backup(&mut self, seq: u64) {
-        acknowledge_all(
-            &mut [
-                &mut self.slices,
-                &mut self.iterations,
-                &mut self.items,
-                &mut self.losses,
-                &mut self.version,
-            ],
-            seq,
-        );
+        acknowledge_all(&mut self.parts(), seq);
     }
 
     fn fail_backup(&mut self, seq: u64) {
-        fail_all(
-            &mut [
-                &mut self.slices,
-                &mut self.iterations,
-                &mut self.items,
-                &mut self.losses,
-                &mut self.version,
-            ],
-            seq,
-        );
+        fail_all(&mut self.parts(), seq);
     }
 
     fn restore(&mut self, entries: &[BackupEntry]) -> Result<(), CoreError> {
-        restore_all(
-            &mut [
-                &mut self.slices,
-                &mut self.iterations,
-                &mut self.items,
-                &mut self.losses,
-                &mut self.version,
-            ],
-            entries,
-        )?;
+        restore_all(&mut self.parts(), entries)?;
         self.rebuild_sum();
         // Under BSP the global model of the restored clock may not have gone out
         // before the crash: publish it with the next model.

@@ -135,6 +135,8 @@ pub struct GlobalModel {
     pub items: u64,
     /// Mean of the workers' latest iteration losses.
     pub loss: f64,
+    /// Mean of the workers' latest iteration accuracies.
+    pub accuracy: f64,
     /// The L1 norm of the averaged weights.
     pub weights_l1: f64,
     /// The averaged weights that are not zero, as (slot, weight).

@@ -235,6 +235,7 @@ mod tests {
             workers: 2,
             items: 0,
             loss: 0.0,
+            accuracy: 0.0,
             weights_l1: weights.iter().map(|(_, w)| w.abs()).sum(),
             weights,
         }
