@@ -141,6 +141,11 @@ struct ExperimentArgs {
     /// Sweep L: the runs are repeated for each value.
     #[arg(long, value_delimiter = ',')]
     max_uncovered: Vec<u64>,
+    /// A distributed learner (sgd_worker and model_averager pipelines): the
+    /// consistency models to run it under, each failure-free and with each
+    /// failure count.
+    #[arg(long, value_delimiter = ',', value_enum, default_value = "bsp,ssp,asp")]
+    consistency: Vec<ConsistencyArg>,
     #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Where the runs' configs and logs and the reports go.
@@ -221,6 +226,24 @@ enum Workload {
     Join,
     LogisticRegression,
     WordCount,
+}
+
+/// A distributed learner's consistency model.
+#[derive(Clone, Copy, ValueEnum)]
+enum ConsistencyArg {
+    Asp,
+    Bsp,
+    Ssp,
+}
+
+impl From<ConsistencyArg> for afstream::operators::Consistency {
+    fn from(arg: ConsistencyArg) -> Self {
+        match arg {
+            ConsistencyArg::Asp => afstream::operators::Consistency::Asp,
+            ConsistencyArg::Bsp => afstream::operators::Consistency::Bsp,
+            ConsistencyArg::Ssp => afstream::operators::Consistency::Ssp,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -411,6 +434,24 @@ fn produce(args: &ProduceArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn experiment(args: &ExperimentArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if service::convergence::is_learner(&args.config)? {
+        let report = service::convergence::run_convergence(&service::convergence::ConvergenceOptions {
+            config: args.config.clone(),
+            items: args.items,
+            partitions: args.partitions,
+            failures: args.failures.clone(),
+            consistencies: args.consistency.iter().map(|&c| c.into()).collect(),
+            seed: args.seed,
+            dir: args.dir.clone(),
+        })?;
+        print!("{}", service::convergence::markdown(&report));
+        println!(
+            "\nreports: {} and {}",
+            args.dir.join("report.json").display(),
+            args.dir.join("report.md").display()
+        );
+        return Ok(());
+    }
     let report = service::experiment::run_experiment(&service::experiment::ExperimentOptions {
         config: args.config.clone(),
         items: args.items,

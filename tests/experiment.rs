@@ -275,3 +275,85 @@ max_unacked = 5000
     let png = std::fs::read(out_dir.join("accuracy-over-time.png")).expect("the accuracy plot");
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG");
 }
+
+#[test]
+fn a_distributed_learner_converges_through_kills_under_bsp_and_asp_in_the_report() {
+    let dir = test_dir("convergence");
+    let broker = Broker::start(&dir);
+    let config = dir.join("sgd.toml");
+    let operator = "feature_bits = 12, learning_rate = 5.0, max_feature_norm = 4.0, workers = 3, publish_every = 200";
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[kafka]
+bootstrap_servers = "{address}"
+group_id = "{group}"
+properties = {{ "consumer.fetch.wait.max.ms" = "10" }}
+
+[pipelines.workers]
+input_topic = "unused"
+output_topic = "models"
+feedback_topic = "feedback"
+format = "json"
+operator = {{ kind = "sgd_worker", {operator} }}
+
+[pipelines.average]
+input_topic = "models"
+output_topic = "feedback"
+format = "json"
+operator = {{ kind = "model_averager", {operator} }}
+fault_tolerance = {{ mode = "approximate", theta = 1.0, max_uncovered = 300, max_unacked = 300 }}
+"#,
+            address = broker.address,
+            group = unique("convergence")
+        ),
+    )
+    .expect("write the config");
+    let out_dir = dir.join("out");
+    let output = experiment(
+        &config,
+        &out_dir,
+        &[],
+        &["--partitions", "3", "--consistency", "bsp,asp"],
+    );
+    assert!(
+        output.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report = report(&out_dir);
+    let runs = report["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 4, "{report}");
+    for pair in runs.chunks(2) {
+        let (free, killed) = (&pair[0], &pair[1]);
+        let label = killed["label"].as_str().unwrap_or_default();
+        assert_eq!(free["failures_injected"], 0);
+        assert_eq!(killed["failures_injected"], 2);
+        assert!(free["recoveries"].as_array().is_some_and(Vec::is_empty), "{free}");
+        let recoveries = killed["recoveries"].as_array().expect("recoveries");
+        assert!(recoveries.len() >= 2, "{label}: {recoveries:?}");
+        for recovery in recoveries {
+            assert!(
+                recovery["bound_state"].as_f64().is_some_and(f64::is_finite),
+                "{recovery}"
+            );
+        }
+        let curve = killed["curve"].as_array().expect("a curve");
+        let loss = |p: &serde_json::Value| p["loss"].as_f64().expect("a loss");
+        assert!(curve.len() >= 10, "{label}: {} global models", curve.len());
+        assert!(loss(&curve[curve.len() - 1]) < loss(&curve[0]), "{label}: {curve:?}");
+        let held_out = |run: &serde_json::Value| run["held_out_log_loss"].as_f64().expect("held-out loss");
+        assert!(
+            held_out(killed) <= held_out(free) + 0.05,
+            "{label}: held-out log-loss {} against {} failure-free",
+            held_out(killed),
+            held_out(free)
+        );
+    }
+    let markdown = std::fs::read_to_string(out_dir.join("report.md")).expect("report.md");
+    assert!(markdown.contains("bsp, 2 failures"), "{markdown}");
+    assert!(out_dir.join("loss-over-items.svg").exists());
+    assert!(out_dir.join("loss-over-time.svg").exists());
+}

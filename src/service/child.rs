@@ -123,6 +123,21 @@ impl Run {
         }
     }
 
+    /// SIGTERM, then waits (at most `STEP_DEADLINE`) for the clean stop.
+    pub fn stop(&mut self) -> Result<(), ServiceError> {
+        if let Some(child) = &self.child {
+            let pid = child.id().to_string();
+            let sent = Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .map_err(|e| ServiceError::Child(format!("sending SIGTERM to afstream run {pid}: {e}")))?;
+            if !sent.success() {
+                return Err(ServiceError::Child(format!("SIGTERM to afstream run {pid}: {sent}")));
+            }
+        }
+        self.wait()
+    }
+
     /// Waits (at most `STEP_DEADLINE`) for the child to kill itself (true) or
     /// to finish successfully (false); any other exit is an error.
     pub fn killed(&mut self) -> Result<bool, ServiceError> {

@@ -19,6 +19,7 @@ pub mod check;
 pub mod child;
 pub mod codec;
 pub mod config;
+pub mod convergence;
 pub mod demo;
 pub mod exact;
 pub mod experiment;

@@ -1,6 +1,7 @@
 //! An experiment's plots: the answer's error against the failures injected,
 //! predictions' accuracy and log-loss over the run (logistic regression), and,
-//! for sweeps, backups and throughput against Θ and against L. Each is
+//! for sweeps, backups and throughput against Θ and against L; a distributed
+//! learner's loss over items and over time. Each is
 //! drawn as SVG (plotters' SVG backend) and rendered to PNG beside it with
 //! resvg and the system's fonts.
 
@@ -9,6 +10,7 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 use resvg::{tiny_skia, usvg};
 
+use super::convergence::{ConvergenceReport, CurvePoint};
 use super::exact::{Comparison, PredictionWindow};
 use super::experiment::{ExperimentReport, RunOutcome};
 
@@ -210,6 +212,49 @@ impl Plotter {
         std::fs::write(&png, bytes).map_err(|e| error(&e))?;
         Ok(Some(png))
     }
+}
+
+/// A labelled axis of a convergence plot: what it reads off each point.
+type CurveAxis = (&'static str, fn(&CurvePoint) -> f64);
+
+/// A convergence plot: its file, title and axes.
+type ConvergencePlot = (&'static str, &'static str, CurveAxis, CurveAxis);
+
+/// A distributed learner's convergence: the workers' loss over items and over
+/// time, and the L1 norm of the weights over items, a line per run.
+pub fn write_convergence_plots(report: &ConvergenceReport, dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut written = Vec::new();
+    let mut plotter = Plotter::new();
+    let plots: [ConvergencePlot; 3] = [
+        (
+            "loss-over-items.svg",
+            "training loss over items",
+            ("items trained on", |p| p.items as f64),
+            ("workers' mean iteration log-loss", |p| p.loss),
+        ),
+        (
+            "loss-over-time.svg",
+            "training loss over time",
+            ("seconds", |p| p.seconds),
+            ("workers' mean iteration log-loss", |p| p.loss),
+        ),
+        (
+            "weights-l1-over-items.svg",
+            "L1 norm of the global model over items",
+            ("items trained on", |p| p.items as f64),
+            ("L1 norm of the weights", |p| p.weights_l1),
+        ),
+    ];
+    for (file, title, (x_label, x), (y_label, y)) in plots {
+        let series: Vec<Series> = report
+            .runs
+            .iter()
+            .map(|run| (run.label.clone(), run.curve.iter().map(|p| (x(p), y(p))).collect()))
+            .collect();
+        let title = format!("distributed SGD: {title}");
+        plotter.plot(dir.join(file), &title, (x_label, y_label), &series, &mut written)?;
+    }
+    Ok(written)
 }
 
 /// Draws the series as lines with points; returns false, drawing nothing, when

@@ -164,7 +164,7 @@ impl Encoder {
                     })
                 })
                 .collect(),
-            Workload::Vectors => workloads::separable_vectors(items, 1_000, 10, seed)
+            Workload::Vectors => workloads::separable_vectors(items, VECTOR_FEATURES, 10, seed)
                 .0
                 .iter()
                 .map(|vector| {
@@ -268,6 +268,9 @@ impl Encoder {
         }
     }
 }
+
+/// Features of the synthetic labelled vectors (10 set per item).
+pub const VECTOR_FEATURES: u64 = 1_000;
 
 /// Text lines of Zipf-distributed words (WordCount's input), unkeyed.
 pub fn text_records(lines: usize, seed: u64) -> Vec<InputRecord> {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaRespErr;
@@ -137,6 +137,11 @@ struct Stores {
 /// makes every task's backups write nothing (for tests that must fail).
 #[cfg(feature = "fault-injection")]
 pub const FAULT_SKIP_BACKUPS: &str = "AFSTREAM_FAULT_SKIP_BACKUPS";
+
+/// Set in the environment of a build with the `fault-injection` feature to N,
+/// every task takes N ms more to start, as a long restore does.
+#[cfg(feature = "fault-injection")]
+pub const FAULT_SLOW_TASK_START_MS: &str = "AFSTREAM_FAULT_SLOW_TASK_START_MS";
 
 /// A crash at the worst point of a backup, for failure experiments (`afstream
 /// experiment --kill-mid-backup`): set to N, the process SIGKILLs itself once
@@ -503,6 +508,56 @@ impl ConsumerContext for GroupContext {
             }
         }
     }
+}
+
+/// The partition's own queue, from which its task reads it from `offset` on.
+/// The consumer has been fetching the partition since it was assigned, into
+/// its own queue; and librdkafka may forward a split queue to the consumer's
+/// again when it (re)starts the partition's fetch. The seek restarts the fetch
+/// into the split queue, and its version barrier discards whatever was fetched
+/// before, wherever it waits: every record from `offset` on comes through this
+/// queue, in order.
+fn own_queue(
+    consumer: &Arc<BaseConsumer<GroupContext>>,
+    topic: &str,
+    partition: i32,
+    offset: u64,
+) -> Result<PartitionQueue<GroupContext>, ServiceError> {
+    let queue = consumer
+        .split_partition_queue(topic, partition)
+        .ok_or_else(|| ServiceError::Unsupported(format!("no queue for input partition {partition}")))?;
+    consumer
+        .seek(topic, partition, Offset::Offset(offset as i64), REQUEST_TIMEOUT)
+        .map_err(|e| ServiceError::Task {
+            partition,
+            message: format!("restarting the fetch at offset {offset}: {e}"),
+        })?;
+    Ok(queue)
+}
+
+/// Adds a record to its partition's task's batch; false if the partition has
+/// no task.
+fn route<O: ServiceOperator>(shared: &Shared<'_>, tasks: &mut BTreeMap<i32, Task<O>>, message: &OwnedMessage) -> bool {
+    match tasks.get_mut(&message.partition()) {
+        Some(task) => {
+            task.batch.accept(
+                shared.codec,
+                message.offset().max(0) as u64,
+                message.key(),
+                message.payload(),
+            );
+            true
+        }
+        None => false,
+    }
+}
+
+/// The partitions the consumer holds now.
+fn assigned_partitions(consumer: &BaseConsumer<GroupContext>) -> Vec<i32> {
+    consumer
+        .assignment()
+        .map(|tpl| partition_list(&tpl))
+        .unwrap_or_default()
 }
 
 /// The partition numbers of a rebalance's list, for the log.
@@ -996,6 +1051,15 @@ impl<O: ServiceOperator> Task<O> {
         now_ms: u64,
     ) -> Result<Self, ServiceError> {
         let partition = assigned.partition;
+        #[cfg(feature = "fault-injection")]
+        if let Some(ms) = std::env::var(FAULT_SLOW_TASK_START_MS)
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            // Test builds only: a slow restore, while the consumer fetches the
+            // partitions assigned with this one.
+            std::thread::sleep(Duration::from_millis(ms));
+        }
         let restore_error = |source| ServiceError::Restore { partition, source };
         let mut operator = O::for_partition(
             operator_config,
@@ -1278,7 +1342,11 @@ impl<O: ServiceOperator> Task<O> {
     }
 
     /// Takes input until the driver must wait; returns whether anything happened.
-    fn step(&mut self, shared: &Shared<'_>, now_ms: u64, stopping: bool) -> bool {
+    /// Feeds the task's input to its driver. Records of other partitions its
+    /// queue returns go to `strays`: librdkafka may forward a partition's
+    /// queue to the consumer's again (as when it restarts the partition's
+    /// fetch), and a forwarded queue returns whatever the consumer's holds.
+    fn step(&mut self, shared: &Shared<'_>, now_ms: u64, stopping: bool, strays: &mut Vec<OwnedMessage>) -> bool {
         let mut worked = self.settle(shared);
         if stopping || self.driver.is_stopped() {
             return worked;
@@ -1288,6 +1356,10 @@ impl<O: ServiceOperator> Task<O> {
             batch.clear();
             while batch.filled < POLL_BATCH {
                 match self.queue.poll(Duration::ZERO) {
+                    Some(Ok(message)) if message.partition() != self.partition => {
+                        strays.push(message.detach());
+                        worked = true;
+                    }
                     Some(Ok(message)) => {
                         let offset = message.offset().max(0) as u64;
                         batch.accept(shared.codec, offset, message.key(), message.payload());
@@ -1712,6 +1784,10 @@ pub fn run_pipeline<O: ServiceOperator>(
     let mut handoff: Option<Revocation> = None;
     // Tasks of lost partitions, kept in case the group gives them back.
     let mut parked_tasks: BTreeMap<i32, Task<O>> = BTreeMap::new();
+    // Records of the consumer's own queue whose task has not started yet.
+    let mut held: Vec<OwnedMessage> = Vec::new();
+    // Records of other partitions a task's queue gave it.
+    let mut strays: Vec<OwnedMessage> = Vec::new();
     loop {
         // Nothing happened last round: back off from 100 µs to 5 ms, or to 200 µs
         // while input waits on an acknowledgement, so that it resumes within a
@@ -1782,10 +1858,8 @@ pub fn run_pipeline<O: ServiceOperator>(
             let Some(mut task) = parked_tasks.remove(&partition) else {
                 continue;
             };
-            let queue = consumer
-                .split_partition_queue(&topics.input, partition)
-                .ok_or_else(|| ServiceError::Unsupported(format!("no queue for input partition {partition}")))?;
             let next_offset = task.driver.controller().processed().offset;
+            let queue = own_queue(&consumer, &topics.input, partition, next_offset)?;
             task.queue = queue;
             task.batch = InputBatch::new(next_offset);
             task.end = end;
@@ -1807,9 +1881,7 @@ pub fn run_pipeline<O: ServiceOperator>(
             first_task.get_or_insert_with(Instant::now);
             // A kept task whose partition came back after another member wrote its changelog.
             parked_tasks.remove(&partition);
-            let queue = consumer
-                .split_partition_queue(&topics.input, partition)
-                .ok_or_else(|| ServiceError::Unsupported(format!("no queue for input partition {partition}")))?;
+            let queue = own_queue(&consumer, &topics.input, partition, assigned.plan.resume_offset)?;
             let mut task = Task::start(
                 &shared,
                 controller,
@@ -1859,24 +1931,44 @@ pub fn run_pipeline<O: ServiceOperator>(
                 worked = true;
             }
         }
-        match message {
-            // A record fetched before its partition's queue was split.
-            Some(Ok(message)) => {
-                if let Some(task) = tasks.get_mut(&message.partition()) {
-                    task.batch.accept(
-                        shared.codec,
-                        message.offset().max(0) as u64,
-                        message.key(),
-                        message.payload(),
-                    );
+        // Records fetched before their partition's queue was split come through
+        // the consumer's own queue, and they come before anything in the
+        // partition's queue: every one of them reaches its task's batch before
+        // the task polls its own queue (its batch drops what it has passed, so
+        // a record taken late would be a record skipped). A task still starting
+        // has them held for it.
+        let mut next = message;
+        loop {
+            match next {
+                Some(Ok(message)) => {
+                    held.push(message.detach());
+                    worked = true;
                 }
-                worked = true;
+                Some(Err(error)) => tracing::warn!(%error, "consumer"),
+                None => break,
             }
-            Some(Err(error)) => tracing::warn!(%error, "consumer"),
-            None => {}
+            next = consumer.poll(Duration::ZERO);
         }
-        for task in tasks.values_mut() {
-            worked |= task.step(&shared, now_ms, stopping.is_some());
+        let mut still_assigned: Option<Vec<i32>> = None;
+        held.retain(|message| {
+            !route(&shared, &mut tasks, message)
+                // Revoked or lost meanwhile: its next owner reads it.
+                && still_assigned
+                    .get_or_insert_with(|| assigned_partitions(&consumer))
+                    .contains(&message.partition())
+        });
+        let stepping: Vec<i32> = tasks.keys().copied().collect();
+        for partition in stepping {
+            if let Some(task) = tasks.get_mut(&partition) {
+                worked |= task.step(&shared, now_ms, stopping.is_some(), &mut strays);
+            }
+            // Records of other partitions that came through this task's queue
+            // reach their tasks before those poll their own.
+            for message in strays.drain(..) {
+                if !route(&shared, &mut tasks, &message) {
+                    held.push(message);
+                }
+            }
         }
         worked |= deliver_reports(&shared, &mut tasks, &mut events, now_ms);
         for task in tasks.values_mut() {

@@ -283,6 +283,13 @@ impl Service {
         Self::spawn(Command::new(env!("CARGO_BIN_EXE_afstream")), config, log, stop_at_end)
     }
 
+    /// [`Service::start`] with `env` added to its environment.
+    pub fn start_with_env(config: &Path, log: &Path, stop_at_end: bool, env: &[(&str, &str)]) -> Service {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_afstream"));
+        command.envs(env.iter().copied());
+        Self::spawn(command, config, log, stop_at_end)
+    }
+
     /// Runs one pipeline of a file of several, until stopped.
     pub fn start_pipeline(config: &Path, log: &Path, pipeline: &str) -> Service {
         let mut command = Command::new(env!("CARGO_BIN_EXE_afstream"));

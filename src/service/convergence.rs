@@ -1,0 +1,513 @@
+//! `afstream experiment` on a distributed learner (a file whose pipelines are
+//! an `sgd_worker` and its `model_averager`): the learner on one seeded input,
+//! for each consistency model, failure-free and with K SIGKILLs of its process
+//! at seeded points (each followed by a restart). It reads back the global
+//! models the averager published, with their timestamps: the workers' loss and
+//! the L1 norm of the weights over time and over items, how long each run took
+//! to reach the failure-free run's final loss, the final model's loss and
+//! accuracy on held-out items, and every recovery's logged bound. The report is
+//! JSON, Markdown and plots.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rdkafka::Message;
+use serde::Serialize;
+
+use super::child::{logged_recoveries, Run};
+use super::codec::GlobalModelRecord;
+use super::config::{self, Config, OperatorConfig};
+use super::experiment::RecoveryRecord;
+use super::kafka::{partition_count, TopicReader};
+use super::produce::{produce_from, Encoder, ProduceOptions, Workload, VECTOR_FEATURES};
+use super::ServiceError;
+use crate::operators::{Consistency, DistributedSgdConfig, GlobalModel, SgdWorker};
+
+/// The longest one run may take to reach a kill point or its last iteration.
+const RUN_DEADLINE: Duration = Duration::from_secs(300);
+
+#[derive(Clone, Debug)]
+pub struct ConvergenceOptions {
+    /// A file with the learner's two pipelines.
+    pub config: PathBuf,
+    pub items: usize,
+    /// Input partitions: workers.
+    pub partitions: usize,
+    /// One run with failures per count given (besides the failure-free run).
+    pub failures: Vec<usize>,
+    pub consistencies: Vec<Consistency>,
+    pub seed: u64,
+    pub dir: PathBuf,
+}
+
+/// One global model as the feedback topic has it.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct CurvePoint {
+    /// Since the run's first process started.
+    pub seconds: f64,
+    /// Items the workers had trained on.
+    pub items: u64,
+    pub clock: u64,
+    /// Mean of the workers' latest iteration losses.
+    pub loss: f64,
+    pub weights_l1: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ConvergenceRun {
+    pub label: String,
+    pub consistency: Consistency,
+    pub failures_injected: usize,
+    pub recoveries: Vec<RecoveryRecord>,
+    /// From the first start to the last iteration's global model.
+    pub seconds: f64,
+    pub curve: Vec<CurvePoint>,
+    /// The mean loss of the last global models (a tenth of them, at least one).
+    pub final_loss: f64,
+    /// When the loss (the same mean, over the models before) first reached the
+    /// failure-free run's final loss; None if it never did.
+    pub seconds_to_reference: Option<f64>,
+    pub items_to_reference: Option<u64>,
+    /// The final global model on items it never trained on.
+    pub held_out_accuracy: f64,
+    pub held_out_log_loss: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ConvergenceReport {
+    pub kind: &'static str,
+    pub items: usize,
+    pub partitions: usize,
+    pub publish_every: u64,
+    pub seed: u64,
+    pub runs: Vec<ConvergenceRun>,
+}
+
+/// The learner's pipelines in a file: (worker's name, averager's name, the
+/// worker's parameters).
+fn learner(configs: &[Config]) -> Option<(String, String, DistributedSgdConfig)> {
+    let name = |c: &Config| c.name.clone().unwrap_or_default();
+    let (worker, sgd) = configs.iter().find_map(|c| match &c.pipeline.operator {
+        OperatorConfig::SgdWorker(sgd) => Some((name(c), *sgd)),
+        _ => None,
+    })?;
+    let averager = configs
+        .iter()
+        .find(|c| matches!(c.pipeline.operator, OperatorConfig::ModelAverager(_)))
+        .map(name)?;
+    Some((worker, averager, sgd))
+}
+
+/// Whether a config file holds a distributed learner.
+pub fn is_learner(path: &Path) -> Result<bool, ServiceError> {
+    let env = |key: &str| std::env::var(key).ok();
+    Ok(learner(&config::load_all(path, &env)?).is_some())
+}
+
+pub fn run_convergence(options: &ConvergenceOptions) -> Result<ConvergenceReport, ServiceError> {
+    let env = |key: &str| std::env::var(key).ok();
+    let configs = config::load_all(&options.config, &env)?;
+    let (worker, averager, sgd) = learner(&configs).ok_or_else(|| {
+        ServiceError::Unsupported(format!(
+            "{}: no sgd_worker pipeline with its model_averager",
+            options.config.display()
+        ))
+    })?;
+    let base = &configs[0];
+    let text = std::fs::read_to_string(&options.config)
+        .map_err(|e| ServiceError::Unsupported(format!("{}: {e}", options.config.display())))?;
+    std::fs::create_dir_all(&options.dir)
+        .map_err(|e| ServiceError::Unsupported(format!("{}: {e}", options.dir.display())))?;
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let name = format!("{}-convergence-{stamp}", base.kafka.group_id);
+    let input = format!("{name}-input");
+    // Keyed by their number, so that the partitions hold about as many each:
+    // under BSP every worker goes only as far as the smallest partition allows.
+    let encoder = Encoder::new(Workload::Vectors, base.pipeline.format, base.pipeline.avro.as_ref())
+        .map_err(ServiceError::Unsupported)?;
+    let records = encoder
+        .synthetic(options.items, options.seed)
+        .map_err(ServiceError::Unsupported)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut record)| {
+            record.key = Some(i.to_string().into_bytes());
+            Ok(record)
+        });
+    produce_from(
+        &base.kafka,
+        &input,
+        options.partitions,
+        records,
+        &ProduceOptions::default(),
+    )?;
+    let reader = TopicReader::new(&base.kafka, "convergence")?;
+    let mut counts = vec![0u64; options.partitions];
+    for (partition, count) in counts.iter_mut().enumerate() {
+        reader
+            .read_all(&input, partition as i32, |_| *count += 1)
+            .map_err(|e| ServiceError::Unsupported(format!("{input}: {e}")))?;
+    }
+    let last = counts.iter().min().copied().unwrap_or(0) / sgd.publish_every;
+    if last == 0 {
+        return Err(ServiceError::Unsupported(format!(
+            "a partition holds fewer than publish_every = {} items: produce more",
+            sgd.publish_every
+        )));
+    }
+    let (held_out, _) = crate::workloads::separable_vectors(options.items + 2_000, VECTOR_FEATURES, 10, options.seed);
+    let held_out = &held_out[options.items..];
+
+    let mut runs = Vec::new();
+    for &consistency in &options.consistencies {
+        let mut reference: Option<f64> = None;
+        for failures in std::iter::once(0).chain(options.failures.iter().copied()) {
+            let label = format!("{consistency:?}, {failures} failures").to_lowercase();
+            let group = format!("{name}-run{}", runs.len() + 1);
+            let path = options.dir.join(format!("{group}.toml"));
+            let names = (worker.as_str(), averager.as_str());
+            write_run_config(&text, &path, &group, &input, names, consistency, options.partitions)?;
+            let run = LearnerRun {
+                path: &path,
+                config: base,
+                group: &group,
+                dir: &options.dir,
+                workers: options.partitions as u64,
+            };
+            let started = std::time::SystemTime::now();
+            let (logs, seconds) = run.run(failures, last, options.seed ^ runs.len() as u64)?;
+            let models = run.global_models()?;
+            let start_ms = started
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or_default();
+            let curve: Vec<CurvePoint> = models
+                .iter()
+                .map(|(at, g)| CurvePoint {
+                    seconds: (at - start_ms) as f64 / 1000.0,
+                    items: g.items,
+                    clock: g.clock,
+                    loss: g.loss,
+                    weights_l1: g.weights_l1,
+                })
+                .collect();
+            let final_loss = tail_mean(&curve);
+            let reference = *reference.get_or_insert(final_loss);
+            let reached = first_reaching(&curve, reference);
+            let mut model = SgdWorker::new(sgd_with(sgd, consistency, options.partitions), 0)
+                .map_err(|e| ServiceError::Unsupported(e.to_string()))?;
+            if let Some((_, last_model)) = models.iter().max_by_key(|(_, g)| (g.clock, g.version)) {
+                model.adopt(&GlobalModel {
+                    clock: 0,
+                    ..last_model.clone()
+                });
+            }
+            let (held_out_accuracy, held_out_log_loss) = model.model().evaluate(held_out);
+            let recoveries = logs
+                .iter()
+                .filter_map(|log| std::fs::read_to_string(log).ok())
+                .flat_map(|text| logged_recoveries(&text))
+                .map(RecoveryRecord::from)
+                .collect();
+            runs.push(ConvergenceRun {
+                label,
+                consistency,
+                failures_injected: failures,
+                recoveries,
+                seconds,
+                final_loss,
+                seconds_to_reference: reached.map(|p| p.seconds),
+                items_to_reference: reached.map(|p| p.items),
+                curve,
+                held_out_accuracy,
+                held_out_log_loss,
+            });
+        }
+    }
+    let report = ConvergenceReport {
+        kind: "distributed_sgd",
+        items: options.items,
+        partitions: options.partitions,
+        publish_every: sgd.publish_every,
+        seed: options.seed,
+        runs,
+    };
+    let json = serde_json::to_string_pretty(&report).map_err(|e| ServiceError::Unsupported(e.to_string()))?;
+    write(&options.dir.join("report.json"), &json)?;
+    write(&options.dir.join("report.md"), &markdown(&report))?;
+    super::plots::write_convergence_plots(&report, &options.dir).map_err(ServiceError::Unsupported)?;
+    Ok(report)
+}
+
+fn sgd_with(sgd: DistributedSgdConfig, consistency: Consistency, workers: usize) -> DistributedSgdConfig {
+    DistributedSgdConfig {
+        consistency,
+        workers: workers as u32,
+        ..sgd
+    }
+}
+
+/// How many of the last points the final loss averages: a tenth, at least one
+/// (one global model is one worker's iteration, a noisy figure).
+fn tail(points: usize) -> usize {
+    (points / 10).max(1)
+}
+
+fn tail_mean(curve: &[CurvePoint]) -> f64 {
+    let n = tail(curve.len()).min(curve.len());
+    if n == 0 {
+        return f64::NAN;
+    }
+    curve[curve.len() - n..].iter().map(|p| p.loss).sum::<f64>() / n as f64
+}
+
+/// The first point at which the mean loss of the points up to it (over the
+/// same window as the final loss) is at or below `reference`.
+fn first_reaching(curve: &[CurvePoint], reference: f64) -> Option<CurvePoint> {
+    let window = tail(curve.len());
+    (window..=curve.len())
+        .find(|&end| curve[end - window..end].iter().map(|p| p.loss).sum::<f64>() / window as f64 <= reference)
+        .map(|end| curve[end - 1])
+}
+
+struct LearnerRun<'a> {
+    path: &'a Path,
+    config: &'a Config,
+    group: &'a str,
+    dir: &'a Path,
+    workers: u64,
+}
+
+impl LearnerRun<'_> {
+    fn models_topic(&self) -> String {
+        format!("{}-models", self.group)
+    }
+
+    fn feedback_topic(&self) -> String {
+        format!("{}-feedback", self.group)
+    }
+
+    fn count(&self, topic: &str) -> Result<u64, ServiceError> {
+        let Some(partitions) = partition_count(&self.config.kafka, topic)? else {
+            return Ok(0);
+        };
+        let reader = TopicReader::new(&self.config.kafka, "convergence")?;
+        let mut total = 0;
+        for partition in 0..partitions as i32 {
+            let (low, high) = reader.watermarks(topic, partition)?;
+            total += (high - low).max(0) as u64;
+        }
+        Ok(total)
+    }
+
+    /// The global models published, with their timestamps (ms since the epoch).
+    fn global_models(&self) -> Result<Vec<(i64, GlobalModel)>, ServiceError> {
+        let topic = self.feedback_topic();
+        if partition_count(&self.config.kafka, &topic)?.is_none() {
+            return Ok(Vec::new());
+        }
+        let reader = TopicReader::new(&self.config.kafka, "convergence")?;
+        let mut models = Vec::new();
+        let mut bad = None;
+        let read = reader.read_all(&topic, 0, |message| {
+            let decoded = serde_json::from_slice::<GlobalModelRecord>(message.payload().unwrap_or_default())
+                .map_err(|e| e.to_string())
+                .and_then(|record| record.to_model());
+            match decoded {
+                Ok(model) => models.push((message.timestamp().to_millis().unwrap_or_default(), model)),
+                Err(error) => {
+                    bad.get_or_insert(error);
+                }
+            }
+        });
+        read.map_err(|e| ServiceError::Unsupported(format!("{topic}: {e}")))?;
+        match bad {
+            Some(error) => Err(ServiceError::Unsupported(format!("{topic}: a global model: {error}"))),
+            None => Ok(models),
+        }
+    }
+
+    fn reached(&self, last: u64) -> Result<bool, ServiceError> {
+        Ok(self.global_models()?.iter().any(|(_, g)| g.clock >= last))
+    }
+
+    /// Runs the learner until the averager publishes iteration `last`, with
+    /// `failures` SIGKILLs of its process at seeded shares of the models, each
+    /// followed by a restart; stops it cleanly. Returns its logs and how long
+    /// it took to reach `last`.
+    fn run(&self, failures: usize, last: u64, seed: u64) -> Result<(Vec<PathBuf>, f64), ServiceError> {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0xfa11);
+        let mut points: Vec<f64> = (0..failures).map(|_| rng.gen_range(0.05..0.9)).collect();
+        points.sort_by(f64::total_cmp);
+        let expected = last * self.workers;
+        let started = Instant::now();
+        let mut logs = Vec::new();
+        let start = |logs: &mut Vec<PathBuf>| -> Result<Run, ServiceError> {
+            let log = self.dir.join(format!("{}-{}.log", self.group, logs.len() + 1));
+            logs.push(log.clone());
+            Run::start(self.path, log, false)
+        };
+        let mut run = start(&mut logs)?;
+        for fraction in points {
+            let target = (fraction * expected as f64) as u64;
+            self.wait(&mut run, &format!("{target} models"), || {
+                Ok(self.count(&self.models_topic())? >= target)
+            })?;
+            run.kill();
+            run = start(&mut logs)?;
+        }
+        self.wait(&mut run, &format!("the global model of iteration {last}"), || {
+            self.reached(last)
+        })?;
+        let seconds = started.elapsed().as_secs_f64();
+        run.stop()?;
+        Ok((logs, seconds))
+    }
+
+    fn wait(
+        &self,
+        run: &mut Run,
+        what: &str,
+        mut done: impl FnMut() -> Result<bool, ServiceError>,
+    ) -> Result<(), ServiceError> {
+        let deadline = Instant::now() + RUN_DEADLINE;
+        while !done()? {
+            run.check_alive()?;
+            if Instant::now() > deadline {
+                return Err(ServiceError::Child(format!(
+                    "{}: {what} not within {RUN_DEADLINE:?}; see {}",
+                    self.group,
+                    run.log().display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+}
+
+/// The config of one run: the user's two pipelines with their own group and
+/// topics, the experiment's input, one worker per partition and the
+/// consistency model of the run.
+fn write_run_config(
+    text: &str,
+    path: &Path,
+    group: &str,
+    input: &str,
+    (worker, averager): (&str, &str),
+    consistency: Consistency,
+    workers: usize,
+) -> Result<(), ServiceError> {
+    let bad = |e: String| ServiceError::Unsupported(format!("rewriting the config for {group}: {e}"));
+    let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| bad(e.to_string()))?;
+    let models = format!("{group}-models");
+    let feedback = format!("{group}-feedback");
+    let consistency = match consistency {
+        Consistency::Asp => "asp",
+        Consistency::Bsp => "bsp",
+        Consistency::Ssp => "ssp",
+    };
+    if let Some(toml::Value::Table(kafka)) = table.get_mut("kafka") {
+        kafka.insert("group_id".into(), group.into());
+    }
+    let Some(toml::Value::Table(pipelines)) = table.get_mut("pipelines") else {
+        return Err(bad("no [pipelines.NAME] tables".into()));
+    };
+    for (name, topics) in [
+        (
+            worker,
+            [
+                ("input_topic", input),
+                ("output_topic", &models),
+                ("feedback_topic", &feedback),
+            ],
+        ),
+        (
+            averager,
+            [("input_topic", &models), ("output_topic", &feedback), ("", "")],
+        ),
+    ] {
+        let Some(toml::Value::Table(pipeline)) = pipelines.get_mut(name) else {
+            return Err(bad(format!("no [pipelines.{name}] table")));
+        };
+        for (key, topic) in topics.into_iter().filter(|(key, _)| !key.is_empty()) {
+            pipeline.insert(key.into(), topic.into());
+        }
+        pipeline.remove("changelog_topic");
+        pipeline.remove("dead_letter_topic");
+        if let Some(toml::Value::Table(operator)) = pipeline.get_mut("operator") {
+            operator.insert("consistency".into(), consistency.into());
+            operator.insert("workers".into(), (workers as i64).into());
+        }
+    }
+    // One process runs at a time: no exporter port to share.
+    table.remove("metrics");
+    write(path, &toml::to_string(&table).map_err(|e| bad(e.to_string()))?)
+}
+
+fn write(path: &Path, text: &str) -> Result<(), ServiceError> {
+    std::fs::write(path, text).map_err(|e| ServiceError::Unsupported(format!("{}: {e}", path.display())))
+}
+
+fn optional(value: Option<f64>) -> String {
+    value.map_or("never".to_string(), |v| format!("{v:.1}"))
+}
+
+/// The report as a Markdown table, a row per run.
+pub fn markdown(report: &ConvergenceReport) -> String {
+    let mut out = format!(
+        "# Distributed SGD: convergence through failures\n\n{} items on {} partitions (a worker each), a model \
+         every {} items, seed {}.\n\n",
+        report.items, report.partitions, report.publish_every, report.seed
+    );
+    out.push_str(
+        "| run | recoveries | seconds | final loss | seconds to the failure-free final loss | items to it | \
+         held-out accuracy | held-out log-loss |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for run in &report.runs {
+        out.push_str(&format!(
+            "| {} | {} | {:.1} | {:.4} | {} | {} | {:.4} | {:.4} |\n",
+            run.label,
+            run.recoveries.len(),
+            run.seconds,
+            run.final_loss,
+            optional(run.seconds_to_reference),
+            run.items_to_reference.map_or("never".to_string(), |n| n.to_string()),
+            run.held_out_accuracy,
+            run.held_out_log_loss,
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(items: u64, loss: f64) -> CurvePoint {
+        CurvePoint {
+            seconds: items as f64 / 100.0,
+            items,
+            clock: items / 10,
+            loss,
+            weights_l1: 1.0,
+        }
+    }
+
+    #[test]
+    fn the_reference_is_reached_where_the_windowed_loss_first_gets_down_to_it() {
+        let curve: Vec<CurvePoint> = (0..20).map(|i| point(i * 10, 1.0 - i as f64 * 0.04)).collect();
+        // A tenth of 20 points: windows of 2.
+        assert!((tail_mean(&curve) - (0.28 + 0.24) / 2.0).abs() < 1e-12);
+        let reached = first_reaching(&curve, 0.501).expect("reached");
+        // Points 12 and 13 (0.52, 0.48) are the first two to average 0.5.
+        assert_eq!(reached.items, 130);
+        assert!(first_reaching(&curve, 0.1).is_none());
+        assert!(tail_mean(&[]).is_nan());
+    }
+}
