@@ -28,6 +28,10 @@ use crate::operators::{Consistency, DistributedSgdConfig, GlobalModel, SgdWorker
 /// The longest one run may take to reach a kill point or its last iteration.
 const RUN_DEADLINE: Duration = Duration::from_secs(300);
 
+/// How often a run's topics are read while waiting on it: each reading is a
+/// client of its own, and the broker is busy with the run.
+const POLL_EVERY: Duration = Duration::from_millis(250);
+
 #[derive(Clone, Debug)]
 pub struct ConvergenceOptions {
     /// A file with the learner's two pipelines.
@@ -227,21 +231,33 @@ pub fn run_convergence(options: &ConvergenceOptions) -> Result<ConvergenceReport
                 held_out_accuracy,
                 held_out_log_loss,
             });
+            let report = report_of(options, sgd.publish_every, runs);
+            write_report(&report, &options.dir)?;
+            runs = report.runs;
         }
     }
-    let report = ConvergenceReport {
+    Ok(report_of(options, sgd.publish_every, runs))
+}
+
+/// The report of the runs so far, written (JSON, Markdown, plots) after each
+/// run: a long experiment that fails later keeps what it measured.
+fn report_of(options: &ConvergenceOptions, publish_every: u64, runs: Vec<ConvergenceRun>) -> ConvergenceReport {
+    ConvergenceReport {
         kind: "distributed_sgd",
         items: options.items,
         partitions: options.partitions,
-        publish_every: sgd.publish_every,
+        publish_every,
         seed: options.seed,
         runs,
-    };
-    let json = serde_json::to_string_pretty(&report).map_err(|e| ServiceError::Unsupported(e.to_string()))?;
-    write(&options.dir.join("report.json"), &json)?;
-    write(&options.dir.join("report.md"), &markdown(&report))?;
-    super::plots::write_convergence_plots(&report, &options.dir).map_err(ServiceError::Unsupported)?;
-    Ok(report)
+    }
+}
+
+fn write_report(report: &ConvergenceReport, dir: &Path) -> Result<(), ServiceError> {
+    let json = serde_json::to_string_pretty(report).map_err(|e| ServiceError::Unsupported(e.to_string()))?;
+    write(&dir.join("report.json"), &json)?;
+    write(&dir.join("report.md"), &markdown(report))?;
+    super::plots::write_convergence_plots(report, dir).map_err(ServiceError::Unsupported)?;
+    Ok(())
 }
 
 fn sgd_with(sgd: DistributedSgdConfig, consistency: Consistency, workers: usize) -> DistributedSgdConfig {
@@ -376,7 +392,14 @@ impl LearnerRun<'_> {
         mut done: impl FnMut() -> Result<bool, ServiceError>,
     ) -> Result<(), ServiceError> {
         let deadline = Instant::now() + RUN_DEADLINE;
-        while !done()? {
+        loop {
+            match done() {
+                Ok(true) => break,
+                Ok(false) => {}
+                // A broker busy with the run may answer late: asked again
+                // until the deadline.
+                Err(error) => tracing::warn!(%error, "{}: checking for {what}", self.group),
+            }
             run.check_alive()?;
             if Instant::now() > deadline {
                 return Err(ServiceError::Child(format!(
@@ -385,7 +408,7 @@ impl LearnerRun<'_> {
                     run.log().display()
                 )));
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(POLL_EVERY);
         }
         Ok(())
     }
