@@ -17,7 +17,7 @@ use afstream::service::codec::GlobalModelRecord;
 use afstream::service::config::Format;
 use afstream::service::produce::{produce, Encoder, Workload};
 use afstream::workloads;
-use common::{log_lines, test_dir, unique, Broker, Service};
+use common::{log_lines, test_dir, unique, write_learner_config, Broker, Service};
 
 const RUN_DEADLINE: Duration = Duration::from_secs(240);
 const WORKERS: usize = 3;
@@ -54,30 +54,7 @@ fn write_config(path: &Path, broker: &Broker, group: &str, input: &str, consiste
          {PUBLISH_EVERY}, consistency = \"{}\", staleness = 2",
         consistency_name(consistency)
     );
-    let config = format!(
-        r#"
-[kafka]
-bootstrap_servers = "{address}"
-group_id = "{group}"
-properties = {{ "consumer.fetch.wait.max.ms" = "10" }}
-
-[pipelines.workers]
-input_topic = "{input}"
-output_topic = "{group}-models"
-feedback_topic = "{group}-feedback"
-format = "json"
-operator = {{ kind = "sgd_worker", {operator} }}
-
-[pipelines.average]
-input_topic = "{group}-models"
-output_topic = "{group}-feedback"
-format = "json"
-operator = {{ kind = "model_averager", {operator} }}
-fault_tolerance = {{ mode = "approximate", theta = 1.0, max_uncovered = 300, max_unacked = 300 }}
-"#,
-        address = broker.address
-    );
-    std::fs::write(path, config).expect("write the config");
+    write_learner_config(path, &broker.address, group, input, &operator);
 }
 
 /// The global models in the feedback topic, in order.

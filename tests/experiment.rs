@@ -282,34 +282,8 @@ fn a_distributed_learner_converges_through_kills_under_bsp_and_asp_in_the_report
     let broker = Broker::start(&dir);
     let config = dir.join("sgd.toml");
     let operator = "feature_bits = 12, learning_rate = 5.0, max_feature_norm = 4.0, workers = 3, publish_every = 200";
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[kafka]
-bootstrap_servers = "{address}"
-group_id = "{group}"
-properties = {{ "consumer.fetch.wait.max.ms" = "10" }}
-
-[pipelines.workers]
-input_topic = "unused"
-output_topic = "models"
-feedback_topic = "feedback"
-format = "json"
-operator = {{ kind = "sgd_worker", {operator} }}
-
-[pipelines.average]
-input_topic = "models"
-output_topic = "feedback"
-format = "json"
-operator = {{ kind = "model_averager", {operator} }}
-fault_tolerance = {{ mode = "approximate", theta = 1.0, max_uncovered = 300, max_unacked = 300 }}
-"#,
-            address = broker.address,
-            group = unique("convergence")
-        ),
-    )
-    .expect("write the config");
+    // The experiment gives each run its own group and topics.
+    common::write_learner_config(&config, &broker.address, &unique("convergence"), "unused", operator);
     let out_dir = dir.join("out");
     let output = experiment(
         &config,

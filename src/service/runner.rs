@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaRespErr;
@@ -533,31 +533,6 @@ fn own_queue(
             message: format!("restarting the fetch at offset {offset}: {e}"),
         })?;
     Ok(queue)
-}
-
-/// Adds a record to its partition's task's batch; false if the partition has
-/// no task.
-fn route<O: ServiceOperator>(shared: &Shared<'_>, tasks: &mut BTreeMap<i32, Task<O>>, message: &OwnedMessage) -> bool {
-    match tasks.get_mut(&message.partition()) {
-        Some(task) => {
-            task.batch.accept(
-                shared.codec,
-                message.offset().max(0) as u64,
-                message.key(),
-                message.payload(),
-            );
-            true
-        }
-        None => false,
-    }
-}
-
-/// The partitions the consumer holds now.
-fn assigned_partitions(consumer: &BaseConsumer<GroupContext>) -> Vec<i32> {
-    consumer
-        .assignment()
-        .map(|tpl| partition_list(&tpl))
-        .unwrap_or_default()
 }
 
 /// The partition numbers of a rebalance's list, for the log.
@@ -1342,11 +1317,7 @@ impl<O: ServiceOperator> Task<O> {
     }
 
     /// Takes input until the driver must wait; returns whether anything happened.
-    /// Feeds the task's input to its driver. Records of other partitions its
-    /// queue returns go to `strays`: librdkafka may forward a partition's
-    /// queue to the consumer's again (as when it restarts the partition's
-    /// fetch), and a forwarded queue returns whatever the consumer's holds.
-    fn step(&mut self, shared: &Shared<'_>, now_ms: u64, stopping: bool, strays: &mut Vec<OwnedMessage>) -> bool {
+    fn step(&mut self, shared: &Shared<'_>, now_ms: u64, stopping: bool) -> bool {
         let mut worked = self.settle(shared);
         if stopping || self.driver.is_stopped() {
             return worked;
@@ -1356,10 +1327,6 @@ impl<O: ServiceOperator> Task<O> {
             batch.clear();
             while batch.filled < POLL_BATCH {
                 match self.queue.poll(Duration::ZERO) {
-                    Some(Ok(message)) if message.partition() != self.partition => {
-                        strays.push(message.detach());
-                        worked = true;
-                    }
                     Some(Ok(message)) => {
                         let offset = message.offset().max(0) as u64;
                         batch.accept(shared.codec, offset, message.key(), message.payload());
@@ -1785,9 +1752,6 @@ pub fn run_pipeline<O: ServiceOperator>(
     // Tasks of lost partitions, kept in case the group gives them back.
     let mut parked_tasks: BTreeMap<i32, Task<O>> = BTreeMap::new();
     // Records of the consumer's own queue whose task has not started yet.
-    let mut held: Vec<OwnedMessage> = Vec::new();
-    // Records of other partitions a task's queue gave it.
-    let mut strays: Vec<OwnedMessage> = Vec::new();
     loop {
         // Nothing happened last round: back off from 100 µs to 5 ms, or to 200 µs
         // while input waits on an acknowledgement, so that it resumes within a
@@ -1931,44 +1895,25 @@ pub fn run_pipeline<O: ServiceOperator>(
                 worked = true;
             }
         }
-        // Records fetched before their partition's queue was split come through
-        // the consumer's own queue, and they come before anything in the
-        // partition's queue: every one of them reaches its task's batch before
-        // the task polls its own queue (its batch drops what it has passed, so
-        // a record taken late would be a record skipped). A task still starting
-        // has them held for it.
-        let mut next = message;
-        loop {
-            match next {
-                Some(Ok(message)) => {
-                    held.push(message.detach());
-                    worked = true;
+        match message {
+            // A record fetched before its partition's queue was split (its
+            // task's seek made librdkafka drop those; any left is taken if new).
+            Some(Ok(message)) => {
+                if let Some(task) = tasks.get_mut(&message.partition()) {
+                    task.batch.accept(
+                        shared.codec,
+                        message.offset().max(0) as u64,
+                        message.key(),
+                        message.payload(),
+                    );
                 }
-                Some(Err(error)) => tracing::warn!(%error, "consumer"),
-                None => break,
+                worked = true;
             }
-            next = consumer.poll(Duration::ZERO);
+            Some(Err(error)) => tracing::warn!(%error, "consumer"),
+            None => {}
         }
-        let mut still_assigned: Option<Vec<i32>> = None;
-        held.retain(|message| {
-            !route(&shared, &mut tasks, message)
-                // Revoked or lost meanwhile: its next owner reads it.
-                && still_assigned
-                    .get_or_insert_with(|| assigned_partitions(&consumer))
-                    .contains(&message.partition())
-        });
-        let stepping: Vec<i32> = tasks.keys().copied().collect();
-        for partition in stepping {
-            if let Some(task) = tasks.get_mut(&partition) {
-                worked |= task.step(&shared, now_ms, stopping.is_some(), &mut strays);
-            }
-            // Records of other partitions that came through this task's queue
-            // reach their tasks before those poll their own.
-            for message in strays.drain(..) {
-                if !route(&shared, &mut tasks, &message) {
-                    held.push(message);
-                }
-            }
+        for task in tasks.values_mut() {
+            worked |= task.step(&shared, now_ms, stopping.is_some());
         }
         worked |= deliver_reports(&shared, &mut tasks, &mut events, now_ms);
         for task in tasks.values_mut() {

@@ -465,3 +465,32 @@ pub fn metric(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
     }
     found
 }
+
+/// Writes a distributed learner's config (`workers` and `average`, the model
+/// and feedback topics named after `group`); `operator` is the parameters
+/// both stages share, as inline-table entries.
+pub fn write_learner_config(path: &Path, address: &str, group: &str, input: &str, operator: &str) {
+    let config = format!(
+        r#"
+[kafka]
+bootstrap_servers = "{address}"
+group_id = "{group}"
+properties = {{ "consumer.fetch.wait.max.ms" = "10" }}
+
+[pipelines.workers]
+input_topic = "{input}"
+output_topic = "{group}-models"
+feedback_topic = "{group}-feedback"
+format = "json"
+operator = {{ kind = "sgd_worker", {operator} }}
+
+[pipelines.average]
+input_topic = "{group}-models"
+output_topic = "{group}-feedback"
+format = "json"
+operator = {{ kind = "model_averager", {operator} }}
+fault_tolerance = {{ mode = "approximate", theta = 1.0, max_uncovered = 300, max_unacked = 300 }}
+"#
+    );
+    std::fs::write(path, config).expect("write the learner's config");
+}
