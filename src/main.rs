@@ -367,10 +367,8 @@ fn produce(args: &ProduceArgs) -> Result<(), Box<dyn std::error::Error>> {
     use service::config::{AvroConfig, Format, Framing};
     use service::produce::{Encoder, FileFormat, ProduceOptions, Workload};
     let kafka = service::config::KafkaConfig {
-        bootstrap_servers: args.bootstrap_servers.clone(),
-        group_id: String::new(),
         properties: args.properties.iter().cloned().collect(),
-        replication_factor: 1,
+        ..service::config::KafkaConfig::new(args.bootstrap_servers.clone())
     };
     if let Some(rate) = args.rate.filter(|r| !(r.is_finite() && *r > 0.0)) {
         return Err(format!("--rate {rate}: must be a positive number of records a second").into());
@@ -573,10 +571,9 @@ fn exact(args: &ExactArgs) -> Result<(), Box<dyn std::error::Error>> {
 fn demo(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let options = service::demo::DemoOptions {
         kafka: service::config::KafkaConfig {
-            bootstrap_servers: args.bootstrap_servers.clone(),
             group_id: "afstream-demo".into(),
             properties: args.properties.iter().cloned().collect(),
-            replication_factor: 1,
+            ..service::config::KafkaConfig::new(args.bootstrap_servers.clone())
         },
         packets: args.packets,
         partitions: args.partitions,

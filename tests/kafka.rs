@@ -771,6 +771,62 @@ fn a_store_write_that_fails_stops_the_service_with_its_path_and_a_restart_loses_
 }
 
 #[test]
+fn a_service_started_while_the_broker_is_down_waits_for_it_up_to_its_startup_timeout() {
+    let dir = test_dir("wc-late-broker");
+    let broker = Broker::start(&dir);
+    if !broker.is_own() {
+        eprintln!("skipped: the test stops the project's own broker");
+        return;
+    }
+    let thresholds = (400.0, 400, 1000);
+    let p = pipeline(
+        &dir,
+        &broker,
+        "wc-late-broker",
+        "text",
+        &word_count_operator(),
+        thresholds,
+    );
+    let lines = keyed_word_lines(3_000, 6);
+    produce(&broker.kafka(), &p.input, 2, &lines).expect("produce the lines");
+    let exact = exact_word_counts(&lines);
+    broker.go_down();
+
+    // Out of patience: a clear error naming the brokers, not a hang.
+    let impatient = dir.join("impatient.toml");
+    let text = std::fs::read_to_string(&p.config).expect("read the config");
+    std::fs::write(
+        &impatient,
+        text.replace("[kafka]\n", "[kafka]\nstartup_timeout_ms = 1500\n"),
+    )
+    .expect("write the config");
+    let mut service = Service::start(&impatient, &dir.join("impatient.log"), true);
+    let status = service.wait(Duration::from_secs(60), "giving up on the unreachable broker");
+    assert!(!status.success(), "the service cannot run without a broker ({status})");
+    let log = common::tail(&service.log);
+    assert!(
+        log.contains("could not be reached") && log.contains(&broker.address),
+        "the error names the brokers:\n{log}"
+    );
+
+    // Patient (the default 60 s): it waits, then runs once the broker is back.
+    let run_log = dir.join("run.log");
+    let mut service = Service::start(&p.config, &run_log, true);
+    service.wait_until(RUN_DEADLINE, "a logged retry while the broker is down", || {
+        !log_lines(&run_log, "cannot be reached").is_empty()
+    });
+    broker.come_back();
+    let status = service.wait(RUN_DEADLINE, "the run to finish once the broker is back");
+    assert!(
+        status.success(),
+        "the service must wait for the broker ({status}):\n{}",
+        common::tail(&service.log)
+    );
+    let counts = output_counts(&broker, &p.output);
+    assert_eq!(l1_error(&counts, &exact), 0.0, "no failure: the counts are exact");
+}
+
+#[test]
 fn a_broker_outage_mid_run_stalls_the_pipeline_and_the_answer_stays_within_the_bound() {
     let dir = test_dir("wc-outage");
     let broker = Broker::start(&dir);

@@ -94,6 +94,28 @@ pub struct KafkaConfig {
     /// Replication factor of the topics afstream creates.
     #[serde(default = "default_replication")]
     pub replication_factor: i32,
+    /// How long setting up (metadata, topic creation) keeps trying while the
+    /// brokers cannot be reached, so that a service started before its
+    /// cluster, or restarted during an outage, waits for it.
+    #[serde(default = "default_startup_timeout_ms")]
+    pub startup_timeout_ms: u64,
+}
+
+impl KafkaConfig {
+    /// The settings for `bootstrap_servers` with every default (no group).
+    pub fn new(bootstrap_servers: impl Into<String>) -> KafkaConfig {
+        KafkaConfig {
+            bootstrap_servers: bootstrap_servers.into(),
+            group_id: String::new(),
+            properties: BTreeMap::new(),
+            replication_factor: default_replication(),
+            startup_timeout_ms: default_startup_timeout_ms(),
+        }
+    }
+}
+
+fn default_startup_timeout_ms() -> u64 {
+    60_000
 }
 
 fn default_handoff_quiet_ms() -> u64 {

@@ -1,6 +1,7 @@
 //! The Kafka side: client settings, topic checks and creation, reading a
 //! changelog partition, and the producer's delivery reports.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,17 @@ pub enum KafkaSetupError {
     MissingTopic(String),
     #[error("topic {topic:?}: {reason}")]
     Topic { topic: String, reason: String },
+    #[error(
+        "{what}: the brokers ({servers}) could not be reached in {waited_ms} ms \
+         (kafka.startup_timeout_ms {patience_ms}): {source}"
+    )]
+    Unreachable {
+        what: String,
+        servers: String,
+        waited_ms: u128,
+        patience_ms: u64,
+        source: Box<KafkaSetupError>,
+    },
     #[error("reading changelog {topic:?} partition {partition}: {reason}")]
     Changelog {
         topic: String,
@@ -86,6 +98,77 @@ fn partitions_of(client: &BaseConsumer, topic: &str) -> Result<Option<usize>, Ka
         .find(|t| t.name() == topic)
         .filter(|t| t.error().is_none() && !t.partitions().is_empty())
         .map(|t| t.partitions().len()))
+}
+
+/// Whether a setup request failed only because the brokers could not be
+/// reached or were not ready (down, unresolvable, timing out, electing a
+/// leader): asking again later may succeed. A refusal (a bad property, a
+/// missing or invalid topic, no authorisation) fails the same way every time.
+pub fn is_unreachable(error: &KafkaSetupError) -> bool {
+    let KafkaSetupError::Kafka(error) = error else {
+        return false;
+    };
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::OperationTimedOut
+                | RDKafkaErrorCode::RequestTimedOut
+                | RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::AllBrokersDown
+                | RDKafkaErrorCode::Resolve
+                | RDKafkaErrorCode::NetworkException
+                | RDKafkaErrorCode::BrokerNotAvailable
+                | RDKafkaErrorCode::LeaderNotAvailable
+                | RDKafkaErrorCode::NotController
+                | RDKafkaErrorCode::CoordinatorNotAvailable
+                | RDKafkaErrorCode::CoordinatorLoadInProgress
+        )
+    )
+}
+
+/// Runs a setup step, asking again (backing off from 250 ms to 5 s) while it
+/// fails with [`is_unreachable`], for up to `kafka.startup_timeout_ms` or
+/// until `stop` is set; each retry is logged with the error. Any other error,
+/// or the last one, is returned.
+pub fn patiently<T>(
+    kafka: &KafkaConfig,
+    stop: &AtomicBool,
+    what: &str,
+    mut step: impl FnMut() -> Result<T, KafkaSetupError>,
+) -> Result<T, KafkaSetupError> {
+    let started = Instant::now();
+    let patience = Duration::from_millis(kafka.startup_timeout_ms);
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let error = match step() {
+            Ok(value) => return Ok(value),
+            Err(error) => error,
+        };
+        if !is_unreachable(&error) {
+            return Err(error);
+        }
+        let left = patience.saturating_sub(started.elapsed());
+        if left.is_zero() || stop.load(Ordering::SeqCst) {
+            return Err(KafkaSetupError::Unreachable {
+                what: what.to_string(),
+                servers: kafka.bootstrap_servers.clone(),
+                waited_ms: started.elapsed().as_millis(),
+                patience_ms: kafka.startup_timeout_ms,
+                source: Box::new(error),
+            });
+        }
+        tracing::warn!(
+            "{what}: the brokers ({}) cannot be reached ({error}); trying again for up to {} s more \
+             (kafka.startup_timeout_ms)",
+            kafka.bootstrap_servers,
+            left.as_secs()
+        );
+        let until = Instant::now() + backoff.min(left);
+        while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
 }
 
 /// A topic afstream creates when it is missing.
@@ -546,7 +629,6 @@ mod tests {
     #[test]
     fn prefixed_properties_go_to_their_kind_of_client_only() {
         let kafka = KafkaConfig {
-            bootstrap_servers: "broker:9092".into(),
             group_id: "g".into(),
             properties: [
                 ("consumer.fetch.wait.max.ms", "10"),
@@ -556,7 +638,7 @@ mod tests {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
-            replication_factor: 1,
+            ..KafkaConfig::new("broker:9092")
         };
         let consumer = client_config(&kafka, ClientRole::Consumer, &[]);
         assert_eq!(consumer.get("fetch.wait.max.ms"), Some("10"));

@@ -98,7 +98,7 @@ fn run_one(config: &Config, stop: &AtomicBool, options: RunOptions) -> Result<Ru
 /// Creates the topics between the stages of chains (as the upstream would,
 /// with the partitions of the chain's input), so a downstream stage never
 /// starts before its input exists.
-fn create_intermediate_topics(configs: &[Config]) -> Result<(), ServiceError> {
+fn create_intermediate_topics(configs: &[Config], stop: &AtomicBool) -> Result<(), ServiceError> {
     for config in configs {
         let Some(stage) = config.stage.as_ref().filter(|s| s.index > 1) else {
             continue;
@@ -117,17 +117,19 @@ fn create_intermediate_topics(configs: &[Config]) -> Result<(), ServiceError> {
         });
         let partitions = match declared {
             Some(partitions) => partitions,
-            None => kafka::partition_count(&head.kafka, &head.pipeline.input_topic)?
-                .ok_or_else(|| KafkaSetupError::MissingTopic(head.pipeline.input_topic.clone()))?,
+            None => kafka::patiently(&head.kafka, stop, "reading the chain's input metadata", || {
+                kafka::partition_count(&head.kafka, &head.pipeline.input_topic)
+            })?
+            .ok_or_else(|| KafkaSetupError::MissingTopic(head.pipeline.input_topic.clone()))?,
         };
-        kafka::ensure_topics(
-            &config.kafka,
-            &[kafka::TopicSpec {
-                name: &config.pipeline.input_topic,
-                partitions,
-                compacted: false,
-            }],
-        )?;
+        let spec = [kafka::TopicSpec {
+            name: &config.pipeline.input_topic,
+            partitions,
+            compacted: false,
+        }];
+        kafka::patiently(&config.kafka, stop, "creating the chain's intermediate topic", || {
+            kafka::ensure_topics(&config.kafka, &spec)
+        })?;
     }
     Ok(())
 }
@@ -144,7 +146,7 @@ pub fn run_all(configs: &[Config], stop: &AtomicBool, options: RunOptions) -> Re
     if let Some(first) = configs.first() {
         serve_metrics(first)?;
     }
-    create_intermediate_topics(configs)?;
+    create_intermediate_topics(configs, stop)?;
     // With --stop-at-end a chain's stages run one after the other, so that each
     // reads its upstream's whole output; otherwise every pipeline runs at once,
     // and so does a chain whose stages feed back (a distributed learner's

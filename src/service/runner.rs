@@ -23,8 +23,8 @@ use super::check::TaskPlan;
 use super::codec::{Codec, ServiceOperator};
 use super::config::Config;
 use super::kafka::{
-    client_config, ensure_topics, is_permanent, partition_count, ChangelogLoader, ClientRole, Delivery, DeliveryEvent,
-    DeliveryReports, FailedRecord, KafkaSetupError, TopicSpec, REQUEST_TIMEOUT,
+    client_config, ensure_topics, is_permanent, partition_count, patiently, ChangelogLoader, ClientRole, Delivery,
+    DeliveryEvent, DeliveryReports, FailedRecord, KafkaSetupError, TopicSpec, REQUEST_TIMEOUT,
 };
 use super::metrics::{TaskMetrics, TaskPosition};
 use super::state::lock_state_dir;
@@ -1472,7 +1472,7 @@ struct FeedbackReader {
 }
 
 impl FeedbackReader {
-    fn open<O: ServiceOperator>(config: &Config) -> Result<Option<Self>, ServiceError> {
+    fn open<O: ServiceOperator>(config: &Config, stop: &AtomicBool) -> Result<Option<Self>, ServiceError> {
         let pipeline = &config.pipeline;
         let codec = O::feedback_codec(pipeline).map_err(ServiceError::Unsupported)?;
         let (topic, codec) = match (&pipeline.feedback_topic, codec) {
@@ -1492,15 +1492,18 @@ impl FeedbackReader {
             }
         };
         let kafka = &config.kafka;
-        ensure_topics(
-            kafka,
-            &[TopicSpec {
-                name: topic,
-                partitions: 1,
-                compacted: false,
-            }],
-        )?;
-        let partitions = partition_count(kafka, topic)?.ok_or_else(|| KafkaSetupError::MissingTopic(topic.clone()))?;
+        let spec = [TopicSpec {
+            name: topic,
+            partitions: 1,
+            compacted: false,
+        }];
+        patiently(kafka, stop, "creating the feedback topic", || {
+            ensure_topics(kafka, &spec)
+        })?;
+        let partitions = patiently(kafka, stop, "reading the feedback topic's metadata", || {
+            partition_count(kafka, topic)
+        })?
+        .ok_or_else(|| KafkaSetupError::MissingTopic(topic.clone()))?;
         let consumer: BaseConsumer = client_config(
             kafka,
             ClientRole::Consumer,
@@ -1627,36 +1630,38 @@ pub fn run_pipeline<O: ServiceOperator>(
         Some(dir) => Some(lock_state_dir(dir, &kafka.group_id)?),
         None => None,
     };
-    let partitions =
-        partition_count(kafka, &topics.input)?.ok_or_else(|| KafkaSetupError::MissingTopic(topics.input.clone()))?;
+    let partitions = patiently(kafka, stop, "reading the input topic's metadata", || {
+        partition_count(kafka, &topics.input)
+    })?
+    .ok_or_else(|| KafkaSetupError::MissingTopic(topics.input.clone()))?;
     if partitions > 1 << 16 {
         return Err(ServiceError::Unsupported(format!(
             "input topic {} has {partitions} partitions; afstream handles up to 65536",
             topics.input
         )));
     }
-    ensure_topics(
-        kafka,
-        &[
-            TopicSpec {
-                name: &topics.changelog,
-                partitions,
-                compacted: true,
-            },
-            TopicSpec {
-                name: &topics.output,
-                partitions: O::output_partitions(operator_config).unwrap_or(partitions),
-                compacted: false,
-            },
-            TopicSpec {
-                name: &topics.dead_letters,
-                partitions,
-                compacted: false,
-            },
-        ],
-    )?;
+    let specs = [
+        TopicSpec {
+            name: &topics.changelog,
+            partitions,
+            compacted: true,
+        },
+        TopicSpec {
+            name: &topics.output,
+            partitions: O::output_partitions(operator_config).unwrap_or(partitions),
+            compacted: false,
+        },
+        TopicSpec {
+            name: &topics.dead_letters,
+            partitions,
+            compacted: false,
+        },
+    ];
+    patiently(kafka, stop, "creating the pipeline's topics", || {
+        ensure_topics(kafka, &specs)
+    })?;
     O::check_partitions(operator_config, partitions).map_err(ServiceError::Unsupported)?;
-    let mut feedback = FeedbackReader::open::<O>(config)?;
+    let mut feedback = FeedbackReader::open::<O>(config, stop)?;
     let ft = &pipeline.fault_tolerance;
     let plan = TaskPlan::new::<O>(config, operator_config, partitions)?;
     let controller = plan.controller;

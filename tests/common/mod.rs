@@ -105,34 +105,45 @@ impl Broker {
     /// down for `down`, then starts it again on the same port and data (its
     /// SQLite engine keeps every topic and offset).
     pub fn outage(&self, down: Duration) {
-        let dir = self.dir.as_ref().expect("an outage needs the project's own broker");
-        for (command, deadline) in [("kill", "60"), ("restart", "180")] {
-            let output = Command::new("timeout")
-                .arg(deadline)
-                .arg(repo().join("scripts/broker"))
-                .arg(command)
-                .arg(dir)
-                .output()
-                .expect("run scripts/broker");
-            assert!(
-                output.status.success(),
-                "scripts/broker {command} failed ({}): {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr)
-            );
-            if command == "kill" {
-                std::thread::sleep(down);
-            }
+        self.go_down();
+        std::thread::sleep(down);
+        self.come_back();
+    }
+
+    /// The first half of an outage: SIGKILLs the project's own broker.
+    pub fn go_down(&self) {
+        self.script("kill", "60");
+    }
+
+    /// The second half of an outage: starts the broker again on its port and data.
+    pub fn come_back(&self) {
+        self.script("restart", "180");
+        if let Some(dir) = &self.dir {
+            self.pid.set(broker_pid(dir));
         }
-        self.pid.set(broker_pid(dir));
+    }
+
+    fn script(&self, command: &str, deadline: &str) {
+        let dir = self.dir.as_ref().expect("an outage needs the project's own broker");
+        let output = Command::new("timeout")
+            .arg(deadline)
+            .arg(repo().join("scripts/broker"))
+            .arg(command)
+            .arg(dir)
+            .output()
+            .expect("run scripts/broker");
+        assert!(
+            output.status.success(),
+            "scripts/broker {command} failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
 
     pub fn kafka(&self) -> KafkaConfig {
         KafkaConfig {
-            bootstrap_servers: self.address.clone(),
-            group_id: String::new(),
             properties: [("consumer.fetch.wait.max.ms".to_string(), "10".to_string())].into(),
-            replication_factor: 1,
+            ..KafkaConfig::new(self.address.clone())
         }
     }
 
