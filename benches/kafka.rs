@@ -25,7 +25,9 @@
 //! (comma-separated names: word-count, heavy-hitters, online-join,
 //! logistic-regression, distributed-sgd; default all), AFSTREAM_BENCH_CASES (comma-separated:
 //! raw, none, approximate, tight, loose, exact-100, exact-30000, every-change;
-//! default all; none always runs), AFSTREAM_BENCH_JSON (default
+//! default all; none always runs), AFSTREAM_BENCH_THETA and
+//! AFSTREAM_BENCH_MAX_UNCOVERED (Θ and L instead of each config's; the tight
+//! and loose cases scale from them), AFSTREAM_BENCH_JSON (default
 //! `<target dir>/afstream-bench/kafka.json`); AFSTREAM_TEST_BOOTSTRAP points it
 //! at a cluster instead of the project's own broker.
 
@@ -63,6 +65,17 @@ fn load_config(name: &str, pipeline: Option<&str>, address: &str, own_broker: bo
             .kafka
             .properties
             .insert("consumer.fetch.wait.max.ms".into(), "10".into());
+    }
+    // Thresholds to try instead of the file's (the cases scale from them).
+    let ft = &mut config.pipeline.fault_tolerance;
+    if let Some(theta) = std::env::var("AFSTREAM_BENCH_THETA").ok().and_then(|v| v.parse().ok()) {
+        ft.theta = theta;
+    }
+    if let Some(items) = std::env::var("AFSTREAM_BENCH_MAX_UNCOVERED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        ft.max_uncovered = items;
     }
     config
 }

@@ -433,12 +433,26 @@ fn produce(args: &ProduceArgs) -> Result<(), Box<dyn std::error::Error>> {
 
 fn experiment(args: &ExperimentArgs) -> Result<(), Box<dyn std::error::Error>> {
     if service::convergence::is_learner(&args.config)? {
+        let unsupported = [
+            (!args.max_uncovered.is_empty(), "--max-uncovered"),
+            (args.node_loss, "--node-loss"),
+            (args.kill_mid_backup, "--kill-mid-backup"),
+        ];
+        if let Some((_, flag)) = unsupported.iter().find(|(given, _)| *given) {
+            return Err(format!(
+                "{flag} is not supported on a distributed learner ({}): its runs sweep --theta, \
+                 --consistency and --failures",
+                args.config.display()
+            )
+            .into());
+        }
         let report = service::convergence::run_convergence(&service::convergence::ConvergenceOptions {
             config: args.config.clone(),
             items: args.items,
             partitions: args.partitions,
             failures: args.failures.clone(),
             consistencies: args.consistency.iter().map(|&c| c.into()).collect(),
+            thetas: args.theta.clone(),
             seed: args.seed,
             dir: args.dir.clone(),
         })?;

@@ -42,6 +42,8 @@ pub struct ConvergenceOptions {
     /// One run with failures per count given (besides the failure-free run).
     pub failures: Vec<usize>,
     pub consistencies: Vec<Consistency>,
+    /// Θ of the chain, one sweep of runs each (empty: the config's).
+    pub thetas: Vec<f64>,
     pub seed: u64,
     pub dir: PathBuf,
 }
@@ -63,6 +65,8 @@ pub struct CurvePoint {
 pub struct ConvergenceRun {
     pub label: String,
     pub consistency: Consistency,
+    /// The chain's Θ the run had.
+    pub theta: f64,
     pub failures_injected: usize,
     pub recoveries: Vec<RecoveryRecord>,
     /// From the first start to the last iteration's global model.
@@ -167,15 +171,36 @@ pub fn run_convergence(options: &ConvergenceOptions) -> Result<ConvergenceReport
     let (held_out, _) = crate::workloads::separable_vectors(options.items + 2_000, VECTOR_FEATURES, 10, options.seed);
     let held_out = &held_out[options.items..];
 
-    let mut runs = Vec::new();
-    for &consistency in &options.consistencies {
-        let mut reference: Option<f64> = None;
-        for failures in std::iter::once(0).chain(options.failures.iter().copied()) {
-            let label = format!("{consistency:?}, {failures} failures").to_lowercase();
+    let configured = base.pipeline.fault_tolerance.theta;
+    let thetas = if options.thetas.is_empty() {
+        vec![configured]
+    } else {
+        options.thetas.clone()
+    };
+    let mut plan = Vec::new();
+    for &theta in &thetas {
+        for &consistency in &options.consistencies {
+            for failures in std::iter::once(0).chain(options.failures.iter().copied()) {
+                plan.push((theta, consistency, failures));
+            }
+        }
+    }
+    let mut runs: Vec<ConvergenceRun> = Vec::new();
+    for (theta, consistency, failures) in plan {
+        {
+            let mut label = format!("{consistency:?}, {failures} failures").to_lowercase();
+            if thetas.len() > 1 {
+                label.push_str(&format!(", Θ={theta}"));
+            }
             let group = format!("{name}-run{}", runs.len() + 1);
             let path = options.dir.join(format!("{group}.toml"));
             let names = (worker.as_str(), averager.as_str());
-            write_run_config(&text, &path, &group, &input, names, consistency, options.partitions)?;
+            let run_settings = RunSettings {
+                consistency,
+                workers: options.partitions,
+                theta,
+            };
+            write_run_config(&text, &path, &group, &input, names, run_settings)?;
             let run = LearnerRun {
                 path: &path,
                 config: base,
@@ -201,7 +226,12 @@ pub fn run_convergence(options: &ConvergenceOptions) -> Result<ConvergenceReport
                 })
                 .collect();
             let final_loss = tail_mean(&curve);
-            let reference = *reference.get_or_insert(final_loss);
+            // The failure-free run of the same consistency model and Θ (the first
+            // of its runs).
+            let reference = runs
+                .iter()
+                .find(|r| r.consistency == consistency && r.theta == theta && r.failures_injected == 0)
+                .map_or(final_loss, |r| r.final_loss);
             let reached = first_reaching(&curve, reference);
             let mut model = SgdWorker::new(sgd_with(sgd, consistency, options.partitions), 0)
                 .map_err(|e| ServiceError::Unsupported(e.to_string()))?;
@@ -221,6 +251,7 @@ pub fn run_convergence(options: &ConvergenceOptions) -> Result<ConvergenceReport
             runs.push(ConvergenceRun {
                 label,
                 consistency,
+                theta,
                 failures_injected: failures,
                 recoveries,
                 seconds,
@@ -414,23 +445,30 @@ impl LearnerRun<'_> {
     }
 }
 
+/// What one run of the learner varies.
+struct RunSettings {
+    consistency: Consistency,
+    workers: usize,
+    /// The chain's Θ (set where the file sets it: on the stage with thresholds).
+    theta: f64,
+}
+
 /// The config of one run: the user's two pipelines with their own group and
-/// topics, the experiment's input, one worker per partition and the
-/// consistency model of the run.
+/// topics, the experiment's input, one worker per partition, and the
+/// consistency model and Θ of the run.
 fn write_run_config(
     text: &str,
     path: &Path,
     group: &str,
     input: &str,
     (worker, averager): (&str, &str),
-    consistency: Consistency,
-    workers: usize,
+    settings: RunSettings,
 ) -> Result<(), ServiceError> {
     let bad = |e: String| ServiceError::Unsupported(format!("rewriting the config for {group}: {e}"));
     let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| bad(e.to_string()))?;
     let models = format!("{group}-models");
     let feedback = format!("{group}-feedback");
-    let consistency = match consistency {
+    let consistency = match settings.consistency {
         Consistency::Asp => "asp",
         Consistency::Bsp => "bsp",
         Consistency::Ssp => "ssp",
@@ -465,7 +503,10 @@ fn write_run_config(
         pipeline.remove("dead_letter_topic");
         if let Some(toml::Value::Table(operator)) = pipeline.get_mut("operator") {
             operator.insert("consistency".into(), consistency.into());
-            operator.insert("workers".into(), (workers as i64).into());
+            operator.insert("workers".into(), (settings.workers as i64).into());
+        }
+        if let Some(toml::Value::Table(ft)) = pipeline.get_mut("fault_tolerance") {
+            ft.insert("theta".into(), settings.theta.into());
         }
     }
     // One process runs at a time: no exporter port to share.
@@ -520,6 +561,34 @@ mod tests {
             loss,
             weights_l1: 1.0,
         }
+    }
+
+    #[test]
+    fn a_run_config_takes_the_runs_theta_consistency_workers_and_topics() {
+        let dir = std::env::temp_dir().join(format!("afstream-convergence-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let path = dir.join("run.toml");
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/distributed-sgd.toml"))
+            .expect("the shipped learner config");
+        let settings = RunSettings {
+            consistency: Consistency::Ssp,
+            workers: 3,
+            theta: 7.5,
+        };
+        write_run_config(&text, &path, "g", "in", ("workers", "average"), settings).expect("rewritten");
+        let env = |_: &str| None;
+        let configs = config::load_all(&path, &env).expect("the rewritten config loads");
+        std::fs::remove_dir_all(&dir).ok();
+        let (_, _, sgd) = learner(&configs).expect("still a learner");
+        assert_eq!(sgd.consistency, Consistency::Ssp);
+        assert_eq!(sgd.workers, 3);
+        for config in &configs {
+            // The chain's Θ reaches both stages.
+            assert_eq!(config.pipeline.fault_tolerance.theta, 7.5, "{:?}", config.name);
+        }
+        assert_eq!(configs[0].pipeline.input_topic, "in");
+        assert_eq!(configs[0].pipeline.output_topic, "g-models");
+        assert_eq!(configs[1].pipeline.output_topic, "g-feedback");
     }
 
     #[test]

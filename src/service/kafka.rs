@@ -399,51 +399,70 @@ impl ChangelogLoader {
             .map_err(|e| self.error(partition, e))
     }
 
-    /// The partition's last marker once nobody writes the partition any more:
+    /// Each partition's last marker once nobody writes the partition any more:
     /// at once when it is clean (its task stopped and handed it off);
     /// otherwise after the changelog stayed unchanged for `quiet`, waiting at
     /// most `patience`. A previous owner still writing is one a broker handed
     /// the partition over from before it let go of it, or a revoked task's
     /// records still landing: resuming under it would interleave two writers.
-    /// (One still alive but idle cannot be told from a dead one.)
-    pub fn settled_marker(
+    /// (One still alive but idle cannot be told from a dead one.) The
+    /// partitions wait together: a rebalance after a crash waits `quiet` once,
+    /// not once per partition.
+    pub fn settled_markers(
         &self,
-        partition: i32,
+        partitions: &[i32],
         quiet: Duration,
         patience: Duration,
-    ) -> Result<Option<BackupMarker>, KafkaSetupError> {
+    ) -> Result<Vec<Option<BackupMarker>>, KafkaSetupError> {
         let deadline = Instant::now() + patience;
-        let mut said = false;
-        loop {
-            let before = self.end_offset(partition)?;
-            if before <= 0 {
-                // Nothing written yet: a first start has nobody to wait for.
-                return Ok(None);
+        let mut settled: Vec<Option<BackupMarker>> = vec![None; partitions.len()];
+        let mut pending: Vec<usize> = (0..partitions.len()).collect();
+        let mut said = vec![false; partitions.len()];
+        while !pending.is_empty() {
+            // (index, end offset, last marker) of the partitions not yet settled.
+            let mut unsettled = Vec::new();
+            for index in pending.drain(..) {
+                let partition = partitions[index];
+                let before = self.end_offset(partition)?;
+                if before <= 0 {
+                    // Nothing written yet: a first start has nobody to wait for.
+                    continue;
+                }
+                let marker = self.last_marker(partition)?;
+                if marker.as_ref().is_some_and(|m| m.clean) || quiet.is_zero() {
+                    settled[index] = marker;
+                } else {
+                    unsettled.push((index, before, marker));
+                }
             }
-            let marker = self.last_marker(partition)?;
-            if marker.as_ref().is_some_and(|m| m.clean) || quiet.is_zero() {
-                return Ok(marker);
+            if unsettled.is_empty() {
+                break;
             }
             std::thread::sleep(quiet);
-            if self.end_offset(partition)? == before {
-                return Ok(marker);
-            }
-            if Instant::now() >= deadline {
-                tracing::warn!(
-                    partition,
-                    waited = ?patience,
-                    "the changelog is still being written by another member; resuming from its last marker"
-                );
-                return self.last_marker(partition);
-            }
-            if !said {
-                tracing::info!(
-                    partition,
-                    "the changelog is still being written by the previous owner; waiting for its clean marker"
-                );
-                said = true;
+            for (index, before, marker) in unsettled {
+                let partition = partitions[index];
+                if self.end_offset(partition)? == before {
+                    settled[index] = marker;
+                } else if Instant::now() >= deadline {
+                    tracing::warn!(
+                        partition,
+                        waited = ?patience,
+                        "the changelog is still being written by another member; resuming from its last marker"
+                    );
+                    settled[index] = self.last_marker(partition)?;
+                } else {
+                    if !said[index] {
+                        tracing::info!(
+                            partition,
+                            "the changelog is still being written by the previous owner; waiting for its clean marker"
+                        );
+                        said[index] = true;
+                    }
+                    pending.push(index);
+                }
             }
         }
+        Ok(settled)
     }
 
     /// The partition's last marker (how far its task got), read from the end

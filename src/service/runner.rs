@@ -21,7 +21,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use super::check::TaskPlan;
 use super::codec::{Codec, ServiceOperator};
-use super::config::Config;
+use super::config::{Config, KafkaConfig};
 use super::kafka::{
     client_config, ensure_topics, is_permanent, partition_count, patiently, ChangelogLoader, ClientRole, Delivery,
     DeliveryEvent, DeliveryReports, FailedRecord, KafkaSetupError, TopicSpec, REQUEST_TIMEOUT,
@@ -115,6 +115,71 @@ struct Assigned {
     store: Option<(TaskStore, StoreMeta)>,
     /// The task resumes on its local store (no changelog restore).
     local: bool,
+}
+
+/// A task's operator with its state restored, before its driver starts.
+struct Restored<O> {
+    operator: O,
+    assigned: Assigned,
+    restored_records: u64,
+    restore_seconds: f64,
+}
+
+/// At most this many tasks restore at once (each with a changelog reader of
+/// its own): a rebalance that hands over many partitions neither opens a
+/// client per partition nor restores them one after another.
+const RESTORE_PARALLELISM: usize = 4;
+
+/// Restores the tasks assigned together side by side, in the order given.
+/// A single one restores through `loader`; several share a few workers, each
+/// with its own reader of the changelog topic.
+fn restore_all<O: ServiceOperator>(
+    loader: &ChangelogLoader,
+    (kafka, changelog): (&KafkaConfig, &str),
+    operator_config: &O::Config,
+    batch: Vec<Assigned>,
+    resident_keys: usize,
+) -> Result<Vec<Restored<O>>, ServiceError> {
+    if batch.len() <= 1 {
+        return batch
+            .into_iter()
+            .map(|assigned| Task::<O>::restore(loader, operator_config, assigned, resident_keys))
+            .collect();
+    }
+    let count = batch.len();
+    let work = Mutex::new(batch.into_iter().enumerate().collect::<VecDeque<_>>());
+    // (its place in the batch, its restore)
+    type Outcome<O> = (usize, Result<Restored<O>, ServiceError>);
+    let done: Mutex<Vec<Outcome<O>>> = Mutex::new(Vec::with_capacity(count));
+    // Their log lines name the pipeline as the loop's do.
+    let span = tracing::Span::current();
+    std::thread::scope(|scope| {
+        for _ in 0..count.min(RESTORE_PARALLELISM) {
+            scope.spawn(|| {
+                let _span = span.enter();
+                let mut own: Option<ChangelogLoader> = None;
+                while let Some((index, assigned)) = work.lock().ok().and_then(|mut w| w.pop_front()) {
+                    let result = match &own {
+                        Some(reader) => Ok(reader),
+                        None => ChangelogLoader::new(kafka, changelog).map(|reader| &*own.insert(reader)),
+                    }
+                    .map_err(ServiceError::from)
+                    .and_then(|reader| Task::<O>::restore(reader, operator_config, assigned, resident_keys));
+                    if let Ok(mut done) = done.lock() {
+                        done.push((index, result));
+                    }
+                }
+            });
+        }
+    });
+    let mut done = done
+        .into_inner()
+        .map_err(|_| ServiceError::Unsupported("a restore worker panicked".into()))?;
+    if done.len() != count {
+        return Err(ServiceError::Unsupported("a restore worker panicked".into()));
+    }
+    done.sort_by_key(|(index, _)| *index);
+    done.into_iter().map(|(_, result)| result).collect()
 }
 
 /// Where a parked task (its partition lost) stopped.
@@ -252,10 +317,11 @@ impl GroupContext {
         Ok(None)
     }
 
-    /// The changelog's last marker, once no previous owner writes the partition.
-    fn settled_marker(&self, partition: i32) -> Result<Option<BackupMarker>, String> {
+    /// The changelogs' last markers, once no previous owner writes the
+    /// partitions (waiting for all of them together).
+    fn settled_markers(&self, partitions: &[i32]) -> Result<Vec<Option<BackupMarker>>, String> {
         self.loader
-            .settled_marker(partition, self.handoff_quiet, HANDOFF_PATIENCE)
+            .settled_markers(partitions, self.handoff_quiet, HANDOFF_PATIENCE)
             .map_err(|e| e.to_string())
     }
 
@@ -269,6 +335,7 @@ impl GroupContext {
             .map(|e| e.partition())
             .collect();
         let mut assigned = Vec::with_capacity(partitions.len());
+        let mut starting = Vec::with_capacity(partitions.len());
         for partition in partitions {
             if let Some(resume) = self.regain(partition)? {
                 let (_, end) = consumer
@@ -279,25 +346,31 @@ impl GroupContext {
                 if let Ok(mut regained) = self.regained.lock() {
                     regained.push((partition, end.max(0) as u64));
                 }
-                continue;
+            } else {
+                starting.push(partition);
             }
-            let restore_started = Instant::now();
+        }
+        // Only the last markers are read here, to decide where to resume; a
+        // task restoring from the changelog streams it when it starts.
+        let settling = Instant::now();
+        let markers = self.settled_markers(&starting)?;
+        let settle_seconds = settling.elapsed().as_secs_f64();
+        for (partition, marker) in starting.into_iter().zip(markers) {
+            let opening = Instant::now();
             let local = match &self.stores {
-                Some(stores) => Some(self.open_store(stores, partition)?),
+                Some(stores) => Some(self.open_store(stores, partition, marker.as_ref())?),
                 None => None,
             };
-            // Only the last marker is read here, to decide where to resume; a
-            // task restoring from the changelog streams it when it starts.
             let (marker, store, local) = match local {
-                Some(LocalStore::Usable { store, meta, marker }) => (marker.map(|m| *m), Some((store, meta)), true),
-                Some(LocalStore::Fresh(store)) => (
-                    self.settled_marker(partition)?,
-                    Some((store, TaskStore::new_meta(0))),
-                    false,
+                Some(LocalStore::Usable { store, meta }) => (
+                    marker.filter(|_| self.controller.mode != Mode::None),
+                    Some((store, meta)),
+                    true,
                 ),
-                None => (self.settled_marker(partition)?, None, false),
+                Some(LocalStore::Fresh(store)) => (marker, Some((store, TaskStore::new_meta(0))), false),
+                None => (marker, None, false),
             };
-            let restore_seconds = restore_started.elapsed().as_secs_f64();
+            let restore_seconds = settle_seconds + opening.elapsed().as_secs_f64();
             let committed = match committed
                 .find_partition(&self.input_topic, partition)
                 .map(|e| e.offset())
@@ -347,12 +420,12 @@ impl GroupContext {
 
 impl GroupContext {
     /// Opens a partition's local store and decides whether the task can resume
-    /// on it: only if it survived the crash (same boot) and the changelog's last
-    /// marker is its own, so that it knows every key any backup wrote (in mode
-    /// none there is no changelog: the store is all there is). Only the
-    /// changelog's tail is read for that. Otherwise the store is recreated empty
-    /// and the task restores from the changelog.
-    fn open_store(&self, stores: &Stores, partition: i32) -> Result<LocalStore, String> {
+    /// on it: only if it survived the crash (same boot) and `marker`, the
+    /// changelog's last, is its own, so that it knows every key any backup
+    /// wrote (in mode none there is no changelog: the store is all there is).
+    /// Otherwise the store is recreated empty and the task restores from the
+    /// changelog.
+    fn open_store(&self, stores: &Stores, partition: i32, marker: Option<&BackupMarker>) -> Result<LocalStore, String> {
         let path = stores.root.join(format!("{}-{partition}", self.input_topic));
         let (store, meta) = TaskStore::open(&path, stores.budget).map_err(|e| e.to_string())?;
         let Some(meta) = meta else {
@@ -360,21 +433,9 @@ impl GroupContext {
         };
         let refused = if !meta.trusted_after_crash() {
             "the machine restarted since its last write"
-        } else if self.controller.mode == Mode::None {
-            return Ok(LocalStore::Usable {
-                store,
-                meta,
-                marker: None,
-            });
+        } else if self.controller.mode == Mode::None || marker.map(|m| m.writer) == Some(meta.store_id) {
+            return Ok(LocalStore::Usable { store, meta });
         } else {
-            let marker = self.settled_marker(partition)?;
-            if marker.as_ref().map(|m| m.writer) == Some(meta.store_id) {
-                return Ok(LocalStore::Usable {
-                    store,
-                    meta,
-                    marker: marker.map(Box::new),
-                });
-            }
             "the changelog's last marker is not this store's (the partition moved, or the store is older)"
         };
         tracing::info!(partition, path = %path.display(), reason = refused, "local store not used; restoring from the changelog");
@@ -432,12 +493,9 @@ impl Revocation {
 
 /// What a partition's local store offers a starting task.
 enum LocalStore {
-    /// Exact at its offset; `marker` is the changelog's last (its own).
-    Usable {
-        store: TaskStore,
-        meta: StoreMeta,
-        marker: Option<Box<BackupMarker>>,
-    },
+    /// Exact at its offset; the changelog's last marker is its own (in mode
+    /// none, with no changelog, the store is all there is).
+    Usable { store: TaskStore, meta: StoreMeta },
     /// Empty: the task restores from the changelog into it.
     Fresh(TaskStore),
 }
@@ -1016,15 +1074,16 @@ impl<O: ServiceOperator> Task<O> {
         }
     }
 
-    fn start(
-        shared: &Shared<'_>,
-        controller: ControllerConfig,
+    /// Builds the task's operator and restores its state: from its local
+    /// store, or by streaming its changelog partition through `loader`. Needs
+    /// nothing of the running loop, so tasks assigned together restore side by
+    /// side ([`restore_all`]).
+    fn restore(
+        loader: &ChangelogLoader,
         operator_config: &O::Config,
         assigned: Assigned,
-        queue: PartitionQueue<GroupContext>,
         resident_keys: usize,
-        now_ms: u64,
-    ) -> Result<Self, ServiceError> {
+    ) -> Result<Restored<O>, ServiceError> {
         let partition = assigned.partition;
         #[cfg(feature = "fault-injection")]
         if let Some(ms) = std::env::var(FAULT_SLOW_TASK_START_MS)
@@ -1044,13 +1103,6 @@ impl<O: ServiceOperator> Task<O> {
                 .as_ref()
                 .map(|(store, _)| (store.key_store(), resident_keys)),
         )?;
-        let controller = match &assigned.store {
-            Some((_, meta)) => controller.with_writer(meta.store_id),
-            None => controller,
-        };
-        let mut flight = Flight::default();
-        let (mut key, mut value) = (Vec::new(), Vec::new());
-        let mut io = Self::io(shared, partition, &mut flight, &mut key, &mut value, RawRecords::NONE);
         let plan = assigned.plan;
         let mut restored_records = 0;
         let mut restore_seconds = assigned.restore_seconds;
@@ -1063,7 +1115,6 @@ impl<O: ServiceOperator> Task<O> {
             );
         } else {
             let started = Instant::now();
-            let loader = &shared.consumer.context().loader;
             restored_records = loader
                 .stream(partition, RESTORE_CHUNK, |entries| {
                     operator.restore(entries).map_err(|e| e.to_string())?;
@@ -1086,6 +1137,38 @@ impl<O: ServiceOperator> Task<O> {
                 })?;
             restore_seconds += started.elapsed().as_secs_f64();
         }
+        Ok(Restored {
+            operator,
+            assigned,
+            restored_records,
+            restore_seconds,
+        })
+    }
+
+    /// Starts the task's driver on its restored state.
+    fn start(
+        shared: &Shared<'_>,
+        controller: ControllerConfig,
+        restored: Restored<O>,
+        queue: PartitionQueue<GroupContext>,
+        now_ms: u64,
+    ) -> Result<Self, ServiceError> {
+        let Restored {
+            operator,
+            assigned,
+            restored_records,
+            restore_seconds,
+        } = restored;
+        let partition = assigned.partition;
+        let restore_error = |source| ServiceError::Restore { partition, source };
+        let controller = match &assigned.store {
+            Some((_, meta)) => controller.with_writer(meta.store_id),
+            None => controller,
+        };
+        let plan = assigned.plan;
+        let mut flight = Flight::default();
+        let (mut key, mut value) = (Vec::new(), Vec::new());
+        let mut io = Self::io(shared, partition, &mut flight, &mut key, &mut value, RawRecords::NONE);
         #[allow(unused_mut)]
         let mut driver = TaskDriver::start(controller, operator, &plan, now_ms, &mut io).map_err(restore_error)?;
         #[cfg(feature = "fault-injection")]
@@ -1843,23 +1926,32 @@ pub fn run_pipeline<O: ServiceOperator>(
             }
             tasks.insert(partition, task);
         }
-        for assigned in take(&context.assigned) {
-            let partition = assigned.partition;
+        let batch = take(&context.assigned);
+        let mut queues = Vec::with_capacity(batch.len());
+        for assigned in &batch {
             // Processing time counts from the first assignment: the consumer
             // fetches from then on, while the task restores.
             first_task.get_or_insert_with(Instant::now);
             // A kept task whose partition came back after another member wrote its changelog.
-            parked_tasks.remove(&partition);
-            let queue = own_queue(&consumer, &topics.input, partition, assigned.plan.resume_offset)?;
-            let mut task = Task::start(
-                &shared,
-                controller,
-                operator_config,
-                assigned,
-                queue,
-                pipeline.store.resident_keys,
-                now_ms,
-            )?;
+            parked_tasks.remove(&assigned.partition);
+            queues.push(own_queue(
+                &consumer,
+                &topics.input,
+                assigned.partition,
+                assigned.plan.resume_offset,
+            )?);
+        }
+        let restored = restore_all::<O>(
+            &context.loader,
+            (kafka, &topics.changelog),
+            operator_config,
+            batch,
+            pipeline.store.resident_keys,
+        )?;
+        for (restored, queue) in restored.into_iter().zip(queues) {
+            let partition = restored.assigned.partition;
+            let now_ms = started.elapsed().as_millis() as u64;
+            let mut task = Task::start(&shared, controller, restored, queue, now_ms)?;
             if let Some(reader) = &feedback {
                 // The latest global model, as a restarted worker must take it in again.
                 if let Some(latest) = &reader.latest {
