@@ -67,6 +67,8 @@ pub struct ConvergenceRun {
     pub consistency: Consistency,
     /// The chain's Θ the run had.
     pub theta: f64,
+    /// SIGKILLs made: the count planned, fewer if the run published its last
+    /// iteration before the rest were due.
     pub failures_injected: usize,
     pub recoveries: Vec<RecoveryRecord>,
     /// From the first start to the last iteration's global model.
@@ -207,9 +209,10 @@ pub fn run_convergence(options: &ConvergenceOptions) -> Result<ConvergenceReport
                 group: &group,
                 dir: &options.dir,
                 workers: options.partitions as u64,
+                reader: &reader,
             };
             let started = std::time::SystemTime::now();
-            let (logs, seconds) = run.run(failures, last, options.seed ^ runs.len() as u64)?;
+            let (logs, kills, seconds) = run.run(failures, last, options.seed ^ runs.len() as u64)?;
             let models = run.global_models()?;
             let start_ms = started
                 .duration_since(std::time::UNIX_EPOCH)
@@ -252,7 +255,7 @@ pub fn run_convergence(options: &ConvergenceOptions) -> Result<ConvergenceReport
                 label,
                 consistency,
                 theta,
-                failures_injected: failures,
+                failures_injected: kills,
                 recoveries,
                 seconds,
                 final_loss,
@@ -328,6 +331,9 @@ struct LearnerRun<'a> {
     group: &'a str,
     dir: &'a Path,
     workers: u64,
+    /// One client for every check: a new one per check took long enough on a
+    /// busy broker for a short run to finish between two checks.
+    reader: &'a TopicReader,
 }
 
 impl LearnerRun<'_> {
@@ -339,17 +345,10 @@ impl LearnerRun<'_> {
         format!("{}-feedback", self.group)
     }
 
-    fn count(&self, topic: &str) -> Result<u64, ServiceError> {
-        let Some(partitions) = partition_count(&self.config.kafka, topic)? else {
-            return Ok(0);
-        };
-        let reader = TopicReader::new(&self.config.kafka, "convergence")?;
-        let mut total = 0;
-        for partition in 0..partitions as i32 {
-            let (low, high) = reader.watermarks(topic, partition)?;
-            total += (high - low).max(0) as u64;
-        }
-        Ok(total)
+    /// Records in the model topic (one partition).
+    fn models(&self) -> Result<u64, ServiceError> {
+        let (low, high) = self.reader.watermarks(&self.models_topic(), 0)?;
+        Ok((high - low).max(0) as u64)
     }
 
     /// The global models published, with their timestamps (ms since the epoch).
@@ -358,10 +357,9 @@ impl LearnerRun<'_> {
         if partition_count(&self.config.kafka, &topic)?.is_none() {
             return Ok(Vec::new());
         }
-        let reader = TopicReader::new(&self.config.kafka, "convergence")?;
         let mut models = Vec::new();
         let mut bad = None;
-        let read = reader.read_all(&topic, 0, |message| {
+        let read = self.reader.read_all(&topic, 0, |message| {
             let decoded = serde_json::from_slice::<GlobalModelRecord>(message.payload().unwrap_or_default())
                 .map_err(|e| e.to_string())
                 .and_then(|record| record.to_model());
@@ -384,14 +382,19 @@ impl LearnerRun<'_> {
     }
 
     /// Runs the learner until the averager publishes iteration `last`, with
-    /// `failures` SIGKILLs of its process at seeded shares of the models, each
-    /// followed by a restart; stops it cleanly. Returns its logs and how long
-    /// it took to reach `last`.
-    fn run(&self, failures: usize, last: u64, seed: u64) -> Result<(Vec<PathBuf>, f64), ServiceError> {
+    /// up to `failures` SIGKILLs of its process at seeded shares of the
+    /// models, each followed by a restart; stops it cleanly. Each kill waits
+    /// until the process before it has started its tasks (so it kills running
+    /// tasks, not a starting process), and none comes once iteration `last`
+    /// is published. Returns its logs, the kills made and how long it took
+    /// to reach `last`.
+    fn run(&self, failures: usize, last: u64, seed: u64) -> Result<(Vec<PathBuf>, usize, f64), ServiceError> {
         let mut rng = StdRng::seed_from_u64(seed ^ 0xfa11);
         let mut points: Vec<f64> = (0..failures).map(|_| rng.gen_range(0.05..0.9)).collect();
         points.sort_by(f64::total_cmp);
         let expected = last * self.workers;
+        // The workers' tasks and the averager's.
+        let tasks = self.workers as usize + 1;
         let started = Instant::now();
         let mut logs = Vec::new();
         let start = |logs: &mut Vec<PathBuf>| -> Result<Run, ServiceError> {
@@ -400,31 +403,36 @@ impl LearnerRun<'_> {
             Run::start(self.path, log, false)
         };
         let mut run = start(&mut logs)?;
+        let mut kills = 0;
         for fraction in points {
             let target = (fraction * expected as f64) as u64;
-            self.wait(&mut run, &format!("{target} models"), || {
-                Ok(self.count(&self.models_topic())? >= target)
+            self.wait(&mut run, &format!("{target} models"), |run| {
+                Ok(run.started_tasks() >= tasks && (self.models()? >= target || self.reached(last)?))
             })?;
+            if self.reached(last)? {
+                break;
+            }
             run.kill();
+            kills += 1;
             run = start(&mut logs)?;
         }
-        self.wait(&mut run, &format!("the global model of iteration {last}"), || {
+        self.wait(&mut run, &format!("the global model of iteration {last}"), |_| {
             self.reached(last)
         })?;
         let seconds = started.elapsed().as_secs_f64();
         run.stop()?;
-        Ok((logs, seconds))
+        Ok((logs, kills, seconds))
     }
 
     fn wait(
         &self,
         run: &mut Run,
         what: &str,
-        mut done: impl FnMut() -> Result<bool, ServiceError>,
+        mut done: impl FnMut(&Run) -> Result<bool, ServiceError>,
     ) -> Result<(), ServiceError> {
         let deadline = Instant::now() + RUN_DEADLINE;
         loop {
-            match done() {
+            match done(run) {
                 Ok(true) => break,
                 Ok(false) => {}
                 // A broker busy with the run may answer late: asked again
@@ -530,13 +538,14 @@ pub fn markdown(report: &ConvergenceReport) -> String {
         report.items, report.partitions, report.publish_every, report.seed
     );
     out.push_str(
-        "| run | recoveries | seconds | final loss | seconds to the failure-free final loss | items to it | \
-         held-out accuracy | held-out log-loss |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "| run | kills | recoveries | seconds | final loss | seconds to the failure-free final loss | items to it | \
+         held-out accuracy | held-out log-loss |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for run in &report.runs {
         out.push_str(&format!(
-            "| {} | {} | {:.1} | {:.4} | {} | {} | {:.4} | {:.4} |\n",
+            "| {} | {} | {} | {:.1} | {:.4} | {} | {} | {:.4} | {:.4} |\n",
             run.label,
+            run.failures_injected,
             run.recoveries.len(),
             run.seconds,
             run.final_loss,
