@@ -95,10 +95,7 @@ fn held_out(consistency: Consistency, models: &[GlobalModel]) -> (f64, f64) {
         .max_by_key(|g| (g.clock, g.version))
         .expect("a global model");
     let mut worker = SgdWorker::new(sgd(consistency), 0).expect("a worker");
-    worker.adopt(&GlobalModel {
-        clock: 0,
-        ..last.clone()
-    });
+    worker.take_in(last);
     // The workload's items after those produced: same truth, never trained on.
     let (all, _) = workloads::separable_vectors(ITEMS + 2_000, 1_000, 10, SEED);
     worker.model().evaluate(&all[ITEMS..])

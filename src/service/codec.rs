@@ -497,6 +497,10 @@ pub struct GlobalModelRecord {
     pub accuracy: f64,
     pub weights_l1: f64,
     pub weights: Vec<WeightRecord>,
+    /// Each worker's iteration in the average (absent in records written
+    /// before it: empty).
+    #[serde(default)]
+    pub iterations: Vec<i64>,
 }
 
 impl GlobalModelRecord {
@@ -511,6 +515,11 @@ impl GlobalModelRecord {
             accuracy: self.accuracy,
             weights_l1: self.weights_l1,
             weights: weights_of(&self.weights)?,
+            iterations: self
+                .iterations
+                .iter()
+                .map(|&i| count("iterations", i))
+                .collect::<Result<_, _>>()?,
         })
     }
 }
@@ -911,6 +920,7 @@ impl ServiceOperator for ModelAverager {
             accuracy: global.accuracy,
             weights_l1: global.weights_l1,
             weights: weight_records(&global.weights),
+            iterations: global.iterations.iter().map(|&i| i as i64).collect(),
         }
     }
 }
@@ -1197,6 +1207,7 @@ mod tests {
                 accuracy: 0.75,
                 weights_l1: 1.75,
                 weights: vec![(0, 1.5), (4096, -0.25)],
+                iterations: vec![7, 8, 7],
             },
         );
         round_trip::<OnlineJoin>(

@@ -239,10 +239,7 @@ pub fn run_convergence(options: &ConvergenceOptions) -> Result<ConvergenceReport
             let mut model = SgdWorker::new(sgd_with(sgd, consistency, options.partitions), 0)
                 .map_err(|e| ServiceError::Unsupported(e.to_string()))?;
             if let Some((_, last_model)) = models.iter().max_by_key(|(_, g)| (g.clock, g.version)) {
-                model.adopt(&GlobalModel {
-                    clock: 0,
-                    ..last_model.clone()
-                });
+                model.take_in(last_model);
             }
             let (held_out_accuracy, held_out_log_loss) = model.model().evaluate(held_out);
             let recoveries = logs

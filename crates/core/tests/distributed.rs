@@ -83,10 +83,7 @@ fn run(consistency: Consistency, options: &ClusterOptions) -> ClusterReport {
 fn held_out(consistency: Consistency, report: &ClusterReport) -> (f64, f64) {
     let mut worker = SgdWorker::new(sgd(consistency), 0).unwrap();
     let model = report.final_model.as_ref().expect("a final model");
-    worker.adopt(&GlobalModel {
-        clock: worker.iteration(),
-        ..model.clone()
-    });
+    worker.take_in(model);
     worker.model().evaluate(&data().1)
 }
 

@@ -190,6 +190,7 @@ fn a_waiting_operator_takes_no_input_and_a_side_input_past_theta_is_backed_up_at
                 accuracy: 0.5,
                 weights_l1: 3.0,
                 weights: vec![(2, 3.0)],
+                iterations: vec![1],
             })
         },
         io,

@@ -112,6 +112,7 @@ impl ModelAverager {
             accuracy: reported().map(|(_, (_, accuracy))| accuracy).sum::<f64>() * scale,
             weights_l1: weights.iter().map(|(_, w)| w.abs()).sum(),
             weights,
+            iterations: self.iterations.values().map(|i| i as u64).collect(),
         }
     }
 

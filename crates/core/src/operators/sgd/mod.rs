@@ -141,4 +141,9 @@ pub struct GlobalModel {
     pub weights_l1: f64,
     /// The averaged weights that are not zero, as (slot, weight).
     pub weights: Vec<(u32, f64)>,
+    /// Worker k's iteration whose model is in the average, at index k (0: none
+    /// yet). Empty when not known (a model from before this field): a worker
+    /// then takes the model in as it is.
+    #[serde(default)]
+    pub iterations: Vec<u64>,
 }

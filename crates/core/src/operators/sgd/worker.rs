@@ -17,7 +17,12 @@
 //! published: w ← g + (w − w_published). Under BSP the worker has made none
 //! (it waits right after publishing), so this is plain model averaging; under
 //! ASP and SSP the items trained on while the global model was on its way are
-//! not thrown away.
+//! not thrown away. That holds only for a g that averages the worker's latest
+//! published model: one still on its way when the worker published again
+//! holds an older model of it, and w ← g + (w − w_published) would drop the
+//! worker's progress between the two (at a fast learner's pace, most globals
+//! under ASP were such). So a worker takes in only a g whose iteration for it
+//! (`GlobalModel::iterations`) is its own latest; an older one moves the clock.
 
 use crate::entry::BackupEntry;
 use crate::error::CoreError;
@@ -41,6 +46,10 @@ pub struct SgdWorker {
     published: Vec<f64>,
     /// The model's progress totals when the iteration began.
     iteration_start: (f64, f64, f64),
+    /// Started or restored and not yet published since: any global model is
+    /// taken in (a recovered worker starts again from the latest one; the
+    /// one it holds of this worker may be newer than the restored state).
+    starting: bool,
     /// Global models taken in.
     adopted: u64,
     scratch: Vec<Prediction>,
@@ -66,6 +75,7 @@ impl SgdWorker {
             clock: 0,
             published,
             iteration_start: (0.0, 0.0, 0.0),
+            starting: true,
             adopted: 0,
             scratch: Vec::new(),
         })
@@ -109,6 +119,19 @@ impl SgdWorker {
         if self.config.consistency == Consistency::Bsp && global.clock < self.iteration() {
             return 0.0;
         }
+        let holds = global.iterations.get(self.worker as usize);
+        if !self.starting && holds.is_some_and(|&iteration| iteration != self.iteration()) {
+            // Not the worker's latest model in it: taking it in would drop the
+            // worker's own progress since the model it holds.
+            return 0.0;
+        }
+        self.take_in(global)
+    }
+
+    /// Sets the weights to `global`'s plus the progress since publishing,
+    /// whichever models it averages (e.g. to evaluate a final global model on
+    /// a fresh worker). Returns how far the weights moved.
+    pub fn take_in(&mut self, global: &GlobalModel) -> f64 {
         let slots = self.published.len() as u32;
         let mut target = vec![0.0; self.published.len()];
         for &(slot, weight) in &global.weights {
@@ -130,6 +153,7 @@ impl SgdWorker {
     }
 
     fn publish(&mut self) -> LocalModel {
+        self.starting = false;
         let iteration = self.iteration();
         let (steps, correct, loss) = self.model.totals();
         let (start_steps, start_correct, start_loss) = self.iteration_start;
@@ -200,6 +224,7 @@ impl Operator for SgdWorker {
             *published = self.model.weight(slot as u32);
         }
         self.iteration_start = self.model.totals();
+        self.starting = true;
         Ok(())
     }
 
@@ -238,7 +263,54 @@ mod tests {
             accuracy: 0.0,
             weights_l1: weights.iter().map(|(_, w)| w.abs()).sum(),
             weights,
+            iterations: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_global_model_without_the_workers_latest_model_only_moves_the_clock() {
+        let (items, _) = separable_vectors(25, 40, 4, 5);
+        let mut worker = SgdWorker::new(config(Consistency::Asp), 1).unwrap();
+        train(&mut worker, &items[..20]);
+        assert_eq!(worker.iteration(), 2);
+        train(&mut worker, &items[20..]);
+        let weights = |w: &SgdWorker| -> Vec<f64> {
+            (0..w.model().weight_count() as u32)
+                .map(|s| w.model().weight(s))
+                .collect()
+        };
+        let before = weights(&worker);
+        // Averaged before the worker's iteration 2 reached the averager.
+        let stale = GlobalModel {
+            iterations: vec![2, 1],
+            ..global(1, vec![(3, 2.0)])
+        };
+        assert_eq!(worker.adopt(&stale), 0.0);
+        assert_eq!(weights(&worker), before, "its progress since iteration 1 is kept");
+        assert_eq!(worker.clock(), 1, "the clock still moves");
+        assert_eq!(worker.adopted(), 0);
+        let current = GlobalModel {
+            iterations: vec![2, 2],
+            ..global(2, vec![(3, 2.0)])
+        };
+        assert!(worker.adopt(&current) > 0.0, "one with its latest model is taken in");
+        assert_eq!(worker.adopted(), 1);
+        assert_eq!(worker.clock(), 2);
+
+        // Restored at iteration 2, while the averager holds its iteration 3
+        // (published before the crash, after the marker): taken in all the same.
+        let mut entries = Vec::new();
+        worker.backup(1, BackupScope::Complete, &mut entries);
+        let mut restored = SgdWorker::new(config(Consistency::Asp), 1).unwrap();
+        restored.restore(&entries).unwrap();
+        let newer = GlobalModel {
+            iterations: vec![3, 3],
+            ..global(3, vec![(3, 2.0)])
+        };
+        assert!(
+            restored.adopt(&newer) > 0.0,
+            "a recovered worker starts from the latest global model"
+        );
     }
 
     fn train(worker: &mut SgdWorker, items: &[LabeledVector]) -> Vec<LocalModel> {
