@@ -167,10 +167,10 @@ fn run(broker: &Broker, input: &str, consistency: Consistency, kills: bool) -> R
     assert_no_model_lost(broker, &group, last, &label);
     let mut recoveries = log_lines(&workers_log, "recovered from a failure");
     recoveries.extend(log_lines(&average_log, "recovered from a failure"));
-    Run {
-        models: global_models(broker, &group),
-        recoveries,
-    }
+    let models = global_models(broker, &group);
+    // Passed: its logs go (a failing run keeps them).
+    let _ = std::fs::remove_dir_all(&dir);
+    Run { models, recoveries }
 }
 
 #[test]

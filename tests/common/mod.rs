@@ -243,6 +243,12 @@ impl Drop for Broker {
                 if String::from_utf8_lossy(&command).contains("tansu") {
                     let _ = Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
                 }
+                // Gone before its directory is removed: a broker still writing
+                // its database made the removal fail and left it behind.
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
             }
             // A passing test leaves nothing behind; a failing one keeps its logs.
             if !std::thread::panicking() {
