@@ -645,6 +645,52 @@ impl ProducerContext for DeliveryReports {
 mod tests {
     use super::*;
 
+    fn unreachable() -> KafkaSetupError {
+        KafkaSetupError::Kafka(KafkaError::MetadataFetch(RDKafkaErrorCode::BrokerTransportFailure))
+    }
+
+    #[test]
+    fn setup_steps_are_asked_again_while_the_brokers_cannot_be_reached() {
+        let kafka = KafkaConfig::new("broker:9092");
+        let stop = AtomicBool::new(false);
+        let mut attempts = 0;
+        let answer = patiently(&kafka, &stop, "a step", || {
+            attempts += 1;
+            if attempts < 3 {
+                Err(unreachable())
+            } else {
+                Ok(7)
+            }
+        });
+        assert_eq!(answer.ok(), Some(7));
+        assert_eq!(attempts, 3);
+
+        // A refusal is not asked again.
+        let mut attempts = 0;
+        let refused = patiently(&kafka, &stop, "a step", || -> Result<(), _> {
+            attempts += 1;
+            Err(KafkaSetupError::MissingTopic("in".into()))
+        });
+        assert!(matches!(refused, Err(KafkaSetupError::MissingTopic(_))));
+        assert_eq!(attempts, 1);
+
+        // Out of patience: the error names the brokers and the setting.
+        let impatient = KafkaConfig {
+            startup_timeout_ms: 0,
+            ..KafkaConfig::new("broker:9092")
+        };
+        let error = patiently(&impatient, &stop, "reading metadata", || -> Result<(), _> {
+            Err(unreachable())
+        })
+        .expect_err("no broker");
+        let text = error.to_string();
+        assert!(
+            text.contains("reading metadata") && text.contains("broker:9092") && text.contains("startup_timeout_ms"),
+            "{text}"
+        );
+        assert!(!is_unreachable(&error), "given up: not asked again by a caller");
+    }
+
     #[test]
     fn prefixed_properties_go_to_their_kind_of_client_only() {
         let kafka = KafkaConfig {
