@@ -20,7 +20,7 @@ use super::child::{logged_recoveries, Run};
 use super::codec::GlobalModelRecord;
 use super::config::{self, Config, OperatorConfig};
 use super::experiment::RecoveryRecord;
-use super::kafka::{partition_count, TopicReader};
+use super::kafka::TopicReader;
 use super::produce::{produce_from, Encoder, ProduceOptions, Workload, VECTOR_FEATURES};
 use super::ServiceError;
 use crate::operators::{Consistency, DistributedSgdConfig, GlobalModel, SgdWorker};
@@ -205,7 +205,6 @@ pub fn run_convergence(options: &ConvergenceOptions) -> Result<ConvergenceReport
             write_run_config(&text, &path, &group, &input, names, run_settings)?;
             let run = LearnerRun {
                 path: &path,
-                config: base,
                 group: &group,
                 dir: &options.dir,
                 workers: options.partitions as u64,
@@ -324,7 +323,6 @@ fn first_reaching(curve: &[CurvePoint], reference: f64) -> Option<CurvePoint> {
 
 struct LearnerRun<'a> {
     path: &'a Path,
-    config: &'a Config,
     group: &'a str,
     dir: &'a Path,
     workers: u64,
@@ -351,7 +349,7 @@ impl LearnerRun<'_> {
     /// The global models published, with their timestamps (ms since the epoch).
     fn global_models(&self) -> Result<Vec<(i64, GlobalModel)>, ServiceError> {
         let topic = self.feedback_topic();
-        if partition_count(&self.config.kafka, &topic)?.is_none() {
+        if self.reader.partitions(&topic)?.is_none() {
             return Ok(Vec::new());
         }
         let mut models = Vec::new();

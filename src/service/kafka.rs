@@ -267,6 +267,11 @@ impl TopicReader {
         Ok(TopicReader { consumer })
     }
 
+    /// The number of partitions of `topic`, or `None` if it does not exist.
+    pub fn partitions(&self, topic: &str) -> Result<Option<usize>, KafkaSetupError> {
+        partitions_of(&self.consumer, topic)
+    }
+
     /// (low, high) watermarks.
     pub fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), KafkaError> {
         self.consumer.fetch_watermarks(topic, partition, REQUEST_TIMEOUT)

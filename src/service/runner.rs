@@ -153,6 +153,7 @@ fn restore_all<O: ServiceOperator>(
     let done: Mutex<Vec<Outcome<O>>> = Mutex::new(Vec::with_capacity(count));
     // Their log lines name the pipeline as the loop's do.
     let span = tracing::Span::current();
+    // A worker that panics makes the scope panic: every item is done after it.
     std::thread::scope(|scope| {
         for _ in 0..count.min(RESTORE_PARALLELISM) {
             scope.spawn(|| {
@@ -172,12 +173,7 @@ fn restore_all<O: ServiceOperator>(
             });
         }
     });
-    let mut done = done
-        .into_inner()
-        .map_err(|_| ServiceError::Unsupported("a restore worker panicked".into()))?;
-    if done.len() != count {
-        return Err(ServiceError::Unsupported("a restore worker panicked".into()));
-    }
+    let mut done = done.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
     done.sort_by_key(|(index, _)| *index);
     done.into_iter().map(|(_, result)| result).collect()
 }
@@ -1839,7 +1835,6 @@ pub fn run_pipeline<O: ServiceOperator>(
     let mut handoff: Option<Revocation> = None;
     // Tasks of lost partitions, kept in case the group gives them back.
     let mut parked_tasks: BTreeMap<i32, Task<O>> = BTreeMap::new();
-    // Records of the consumer's own queue whose task has not started yet.
     loop {
         // Nothing happened last round: back off from 100 µs to 5 ms, or to 200 µs
         // while input waits on an acknowledgement, so that it resumes within a

@@ -246,7 +246,7 @@ impl Drop for Broker {
                 // Gone before its directory is removed: a broker still writing
                 // its database made the removal fail and left it behind.
                 let deadline = Instant::now() + Duration::from_secs(10);
-                while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+                while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(20));
                 }
             }
