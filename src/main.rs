@@ -135,6 +135,17 @@ struct ExperimentArgs {
     /// seeded backup), so every recovery restores an incomplete backup.
     #[arg(long)]
     kill_mid_backup: bool,
+    /// Instances of the service in the run's consumer group, each with its
+    /// own state directory. With 2 or more, each kill hits the instance that
+    /// joined last: its partitions move to the others, which restore them from
+    /// the changelog, and its restart takes some back by a clean handoff.
+    #[arg(long, default_value_t = 1)]
+    instances: usize,
+    /// Kill during a rebalance (needs --instances 2 or more): at each kill
+    /// point an instance joins the group and is SIGKILLed a seeded moment
+    /// (under 2 s) after the group assigned it partitions.
+    #[arg(long)]
+    kill_mid_rebalance: bool,
     /// Sweep Θ: the runs are repeated for each value (e.g. 1000,10000).
     #[arg(long, value_delimiter = ',')]
     theta: Vec<f64>,
@@ -437,6 +448,8 @@ fn experiment(args: &ExperimentArgs) -> Result<(), Box<dyn std::error::Error>> {
             (!args.max_uncovered.is_empty(), "--max-uncovered"),
             (args.node_loss, "--node-loss"),
             (args.kill_mid_backup, "--kill-mid-backup"),
+            (args.instances != 1, "--instances"),
+            (args.kill_mid_rebalance, "--kill-mid-rebalance"),
         ];
         if let Some((_, flag)) = unsupported.iter().find(|(given, _)| *given) {
             return Err(format!(
@@ -471,6 +484,8 @@ fn experiment(args: &ExperimentArgs) -> Result<(), Box<dyn std::error::Error>> {
         failures: args.failures.clone(),
         node_loss: args.node_loss,
         kill_mid_backup: args.kill_mid_backup,
+        instances: args.instances,
+        kill_mid_rebalance: args.kill_mid_rebalance,
         thetas: args.theta.clone(),
         max_uncovered: args.max_uncovered.clone(),
         seed: args.seed,

@@ -207,6 +207,122 @@ fn kills_in_the_middle_of_a_backup_are_recovered_from_within_the_bound() {
     assert_eq!(failed["within_bound"], true, "{failed}");
 }
 
+/// The logs of one run of an experiment whose file names contain `part`, in name order.
+fn run_logs(out_dir: &std::path::Path, run: &str, part: &str) -> Vec<String> {
+    let mut paths: Vec<std::path::PathBuf> = std::fs::read_dir(out_dir)
+        .expect("the experiment's directory")
+        .filter_map(|entry| Some(entry.ok()?.path()))
+        .filter(|path| {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            name.contains(run) && name.contains(part) && name.ends_with(".log")
+        })
+        .collect();
+    paths.sort();
+    paths
+        .iter()
+        .map(|path| std::fs::read_to_string(path).expect("a log"))
+        .collect()
+}
+
+/// `partitions=[..]` of a log's lines containing `needle`.
+fn partition_lists(log: &str, needle: &str) -> Vec<i32> {
+    log.lines()
+        .filter(|line| line.contains(needle))
+        .filter_map(|line| line.split("partitions=[").nth(1)?.split(']').next())
+        .flat_map(|list| {
+            list.split(',')
+                .filter_map(|p| p.trim().parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
+}
+
+/// How often `partition`'s task started in a log (after a failure or not).
+fn starts_of(log: &str, partition: i32) -> usize {
+    log.lines()
+        .filter(|line| line.contains("task started") || line.contains("recovered from a failure"))
+        .filter(|line| line.contains(&format!(" partition={partition} ")))
+        .count()
+}
+
+/// Two instances in one group: each kill hits the one that joined last, its
+/// partitions move to the first, which starts them again, and the next
+/// instance joining takes some back. Returns the report's failed run and the
+/// logs of the first instance and of the joined ones.
+fn two_instance_experiment(name: &str, extra: &[&str], label: &str) -> (serde_json::Value, String, Vec<String>) {
+    let dir = test_dir(name);
+    let broker = Broker::start(&dir);
+    let config = dir.join("sums.toml");
+    write_config(&config, &broker);
+    let out_dir = dir.join("report");
+    let mut args = vec!["--instances", "2"];
+    args.extend_from_slice(extra);
+    let output = experiment(&config, &out_dir, &[], &args);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "experiment failed: {}\n{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains(&format!("| {label} | 2 |")), "{stdout}");
+    let report = report(&out_dir);
+    let failed = report["runs"][1].clone();
+    let first = run_logs(&out_dir, "run2", "instance1").concat();
+    let joined = run_logs(&out_dir, "run2", "joined");
+    assert_eq!(joined.len(), 2, "an instance joined for each kill");
+    for (i, log) in joined.iter().enumerate() {
+        let moved = partition_lists(log, "partitions assigned");
+        assert!(
+            !moved.is_empty(),
+            "joined instance {} was given partitions:\n{log}",
+            i + 1
+        );
+        assert!(
+            !log.contains("stopping cleanly"),
+            "joined instance {} was killed, not stopped:\n{log}",
+            i + 1
+        );
+        // Started once at the beginning, and again after each kill that took it.
+        for partition in moved {
+            assert!(
+                starts_of(&first, partition) >= 2,
+                "partition {partition} of the killed instance {} started again on the first:\n{first}",
+                i + 1
+            );
+        }
+    }
+    assert_eq!(failed["within_bound"], true, "{failed}");
+    (failed, first, joined)
+}
+
+#[test]
+fn kills_of_an_instance_move_its_partitions_to_the_other_which_recovers_them_within_the_bound() {
+    let (failed, first, joined) =
+        two_instance_experiment("experiment-move", &["--node-loss"], "2 node losses on another instance");
+    // The killed instance had started its tasks (each wrote its start marker):
+    // the first instance recovers them as failures, from their last markers.
+    assert!(
+        joined.iter().all(|log| log.contains("task started")),
+        "each joined instance started its tasks before the kill"
+    );
+    assert!(
+        first.contains("recovered from a failure"),
+        "the first instance recovered the killed one's partitions:\n{first}"
+    );
+    let recoveries = failed["recoveries"].as_array().expect("recoveries");
+    assert!(!recoveries.is_empty(), "{failed}");
+}
+
+#[test]
+fn kills_during_a_rebalance_leave_every_partition_running_and_the_answer_within_the_bound() {
+    let (failed, _, _) = two_instance_experiment(
+        "experiment-rebalance",
+        &["--kill-mid-rebalance"],
+        "2 failures mid-rebalance",
+    );
+    assert_eq!(failed["failures_injected"], 2, "{failed}");
+}
+
 #[test]
 fn a_logistic_regression_experiment_reports_accuracy_and_log_loss_over_the_run() {
     let dir = test_dir("experiment-lr");

@@ -1,6 +1,7 @@
 //! `afstream run` as a child process (for `afstream demo` and `afstream
 //! experiment`), and what its log says about recoveries.
 
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -106,13 +107,37 @@ impl Run {
 
     /// Tasks this run has started, by its log.
     pub fn started_tasks(&self) -> usize {
+        self.starts().values().sum()
+    }
+
+    /// How often each partition's task started in this run (after a failure or
+    /// not), by its log.
+    pub fn starts(&self) -> HashMap<i32, usize> {
+        let mut starts = HashMap::new();
+        for line in self.log_lines() {
+            if line.contains("task started") || line.contains("recovered from a failure") {
+                if let Some(partition) = log_field(&line, "partition") {
+                    *starts.entry(partition as i32).or_insert(0) += 1;
+                }
+            }
+        }
+        starts
+    }
+
+    /// Every partition the group assigned this run, by its log.
+    pub fn assigned(&self) -> BTreeSet<i32> {
+        self.log_lines()
+            .iter()
+            .filter(|line| line.contains("partitions assigned"))
+            .filter_map(|line| line.split("partitions=[").nth(1)?.split(']').next())
+            .flat_map(|list| list.split(',').filter_map(|p| p.trim().parse().ok()))
+            .collect()
+    }
+
+    fn log_lines(&self) -> Vec<String> {
         std::fs::read_to_string(&self.log)
-            .map(|text| {
-                text.lines()
-                    .filter(|l| l.contains("task started") || l.contains("recovered from a failure"))
-                    .count()
-            })
-            .unwrap_or(0)
+            .map(|text| text.lines().map(str::to_string).collect())
+            .unwrap_or_default()
     }
 
     /// SIGKILL.

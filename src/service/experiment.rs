@@ -39,6 +39,16 @@ pub struct ExperimentOptions {
     /// between a backup's entries and its marker, see
     /// [`super::runner::CRASH_IN_BACKUP`]), at a seeded backup of the run.
     pub kill_mid_backup: bool,
+    /// Instances of the service in the run's consumer group, each with a
+    /// state directory of its own. With more than one, the kills hit the
+    /// instance that joined last: its partitions move to the others (which
+    /// restore them from the changelog), and its restart takes some back.
+    pub instances: usize,
+    /// Each kill comes during a rebalance: a new instance joins at the kill
+    /// point and is SIGKILLed a seeded moment after the group assigned it
+    /// partitions (while they are handed off, restored or starting). Needs
+    /// two instances or more.
+    pub kill_mid_rebalance: bool,
     /// Sweeps: the runs are repeated for each Θ and each L given (the
     /// config's own when none is).
     pub thetas: Vec<f64>,
@@ -134,6 +144,7 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
             "experiment runs one pipeline; a chain's stages are not supported yet".into(),
         ));
     }
+    validate_kills(options)?;
     let text = std::fs::read_to_string(&options.config)
         .map_err(|e| ServiceError::Unsupported(format!("{}: {e}", options.config.display())))?;
     std::fs::create_dir_all(&options.dir)
@@ -192,7 +203,15 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
             plan.push((format!("failure-free{at}"), 0, theta, l));
             for &failures in &options.failures {
                 let kind = if options.node_loss { "node losses" } else { "failures" };
-                let point = if options.kill_mid_backup { " mid-backup" } else { "" };
+                let point = if options.kill_mid_backup {
+                    " mid-backup"
+                } else if options.kill_mid_rebalance {
+                    " mid-rebalance"
+                } else if options.instances > 1 {
+                    " on another instance"
+                } else {
+                    ""
+                };
                 plan.push((format!("{failures} {kind}{point}{at}"), failures, theta, l));
             }
         }
@@ -202,9 +221,21 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
         let path = options.dir.join(format!("{group}.toml"));
         write_run_config(&text, &path, &group, &input, &options.dir.join(&group), (theta, l))?;
         let config = config::load(&path, &env)?;
+        // Instance k > 1 has a config of its own: its own state directory.
+        let mut instances = vec![(path.clone(), config.pipeline.state_dir.clone())];
+        for k in 2..=options.instances {
+            let path = options.dir.join(format!("{group}-instance{k}.toml"));
+            let state = options.dir.join(format!("{group}-instance{k}"));
+            write_run_config(&text, &path, &group, &input, &state, (theta, l))?;
+            instances.push((path.clone(), config::load(&path, &env)?.pipeline.state_dir));
+        }
         let started = Instant::now();
-        let state = config.pipeline.state_dir.clone();
-        let logs = run_with_kills(&config, &path, options, failures, &group, state.as_deref())?;
+        let logs = if instances.len() > 1 {
+            run_with_moves(&config, &instances, options, failures, &group)?
+        } else {
+            let state = config.pipeline.state_dir.clone();
+            run_with_kills(&config, &path, options, failures, &group, state.as_deref())?
+        };
         let seconds = started.elapsed().as_secs_f64();
         let recoveries: Vec<RecoveryRecord> = logs
             .iter()
@@ -342,22 +373,10 @@ fn run_with_kills(
     group: &str,
     state_dir: Option<&Path>,
 ) -> Result<Vec<PathBuf>, ServiceError> {
-    let changelog_topic = config.pipeline.changelog_topic(group);
-    // Made once the first run has started its tasks (and so created the
-    // changelog): a client made before the topic exists would not see it.
-    let mut changelog: Option<ChangelogLoader> = None;
-    let progress = |changelog: &ChangelogLoader| -> u64 {
-        (0..options.partitions as i32)
-            .filter_map(|p| changelog.last_marker(p).ok().flatten())
-            .map(|marker| marker.input_offset)
-            .sum()
-    };
-    let mut rng = StdRng::seed_from_u64(options.seed ^ 0xfa11);
-    let mut points: Vec<f64> = (0..failures).map(|_| rng.gen_range(0.05..0.9)).collect();
-    points.sort_by(f64::total_cmp);
-    let items = options.items as u64;
+    let mut progress = Progress::new(config, group, options.partitions);
+    let (points, mut rng) = kill_points(options, failures);
     let mut logs = Vec::new();
-    for (i, fraction) in points.iter().enumerate() {
+    for (i, &target) in points.iter().enumerate() {
         let log = options.dir.join(format!("{group}-{}.log", i + 1));
         if options.kill_mid_backup {
             // The process kills itself in its N-th backup with entries.
@@ -373,7 +392,6 @@ fn run_with_kills(
         }
         let mut run = Run::start(path, log.clone(), true)?;
         logs.push(log);
-        let target = (fraction * items as f64) as u64;
         let deadline = Instant::now() + KILL_DEADLINE;
         loop {
             if run.exited() {
@@ -381,15 +399,10 @@ fn run_with_kills(
                 run.wait()?;
                 return Ok(logs);
             }
-            if run.started_tasks() >= options.partitions {
-                if changelog.is_none() {
-                    changelog = Some(ChangelogLoader::new(&config.kafka, &changelog_topic)?);
-                }
-                if changelog.as_ref().is_some_and(|c| progress(c) >= target) {
-                    run.kill();
-                    lose_node(state_dir, options)?;
-                    break;
-                }
+            if run.started_tasks() >= options.partitions && progress.covered()? >= target {
+                run.kill();
+                lose_node(state_dir, options)?;
+                break;
             }
             if Instant::now() > deadline {
                 return Err(ServiceError::Child(format!(
@@ -404,6 +417,219 @@ fn run_with_kills(
     Run::start(path, log.clone(), true)?.wait()?;
     logs.push(log);
     Ok(logs)
+}
+
+/// The kill points of a run: input offsets its markers must cover (summed
+/// over the partitions), seeded, in order; and the generator for what else
+/// the kills draw.
+fn kill_points(options: &ExperimentOptions, failures: usize) -> (Vec<u64>, StdRng) {
+    let mut rng = StdRng::seed_from_u64(options.seed ^ 0xfa11);
+    let mut points: Vec<f64> = (0..failures).map(|_| rng.gen_range(0.05..0.9)).collect();
+    points.sort_by(f64::total_cmp);
+    let items = options.items as f64;
+    (points.into_iter().map(|f| (f * items) as u64).collect(), rng)
+}
+
+/// How much of the input a run's markers cover: the sum over the partitions
+/// of the input offset of each one's last marker.
+struct Progress<'a> {
+    config: &'a Config,
+    topic: String,
+    partitions: i32,
+    /// Made at the first look, once a task has started (and so created the
+    /// changelog): a client made before the topic exists would not see it.
+    changelog: Option<ChangelogLoader>,
+}
+
+impl<'a> Progress<'a> {
+    fn new(config: &'a Config, group: &str, partitions: usize) -> Self {
+        Progress {
+            config,
+            topic: config.pipeline.changelog_topic(group),
+            partitions: partitions as i32,
+            changelog: None,
+        }
+    }
+
+    /// Call only once the run's tasks have started.
+    fn covered(&mut self) -> Result<u64, ServiceError> {
+        let changelog = match &mut self.changelog {
+            Some(changelog) => changelog,
+            none => none.insert(ChangelogLoader::new(&self.config.kafka, &self.topic)?),
+        };
+        Ok((0..self.partitions)
+            .filter_map(|p| changelog.last_marker(p).ok().flatten())
+            .map(|marker| marker.input_offset)
+            .sum())
+    }
+}
+
+/// After a kill during a rebalance: a seeded delay, in milliseconds, from the
+/// joining instance's assignment to its SIGKILL (its tasks restore, write their
+/// start markers and take their first items in this time, so some kills come
+/// before a task starts and some after).
+const REBALANCE_KILL_DELAY_MS: std::ops::Range<u64> = 0..2_000;
+
+/// The longest the other instances may take to start a killed instance's
+/// partitions again: the group notices the death after `session.timeout.ms`.
+const MOVE_DEADLINE: Duration = Duration::from_secs(120);
+
+/// A run with several instances in one group (see
+/// [`ExperimentOptions::instances`]): the first ones run throughout; the last
+/// one joins, is killed (at a kill point, or during the rebalance its joining
+/// starts), its partitions move to the others, and it joins again for the next
+/// kill. At the end the others stop cleanly and one instance runs the rest of
+/// the input. Returns the runs' logs, the final run's last.
+///
+/// The instance killed is the one that joined last, never the group's first
+/// member (its leader, as a rule): Tansu 0.6.0, the project's test broker,
+/// keeps a dead leader's id in the group and gives the survivors no partitions
+/// again (measured: none for over 90 s, eager or cooperative).
+fn run_with_moves(
+    config: &Config,
+    instances: &[(PathBuf, Option<PathBuf>)],
+    options: &ExperimentOptions,
+    failures: usize,
+    group: &str,
+) -> Result<Vec<PathBuf>, ServiceError> {
+    let mut progress = Progress::new(config, group, options.partitions);
+    let (points, mut rng) = kill_points(options, failures);
+    let Some(((joiner, joiner_state), stayers)) = instances.split_last() else {
+        return Ok(Vec::new());
+    };
+    let mut logs = Vec::new();
+    let mut runs = Vec::new();
+    for (k, (path, _)) in stayers.iter().enumerate() {
+        let log = options.dir.join(format!("{group}-instance{}.log", k + 1));
+        runs.push(Run::start(path, log.clone(), false)?);
+        logs.push(log);
+    }
+    let partitions = options.partitions;
+    wait_until(group, "the first instances' tasks", &mut runs, |runs| {
+        Ok(runs.iter().map(Run::started_tasks).sum::<usize>() >= partitions)
+    })?;
+    let last = stayers.len();
+    for (i, &target) in points.iter().enumerate() {
+        let log = options.dir.join(format!("{group}-joined-{}.log", i + 1));
+        let covered = format!("{target} items covered by markers");
+        if options.kill_mid_rebalance {
+            wait_until(group, &covered, &mut runs, |_| Ok(progress.covered()? >= target))?;
+            runs.push(Run::start(joiner, log.clone(), false)?);
+            wait_until(
+                group,
+                "partitions assigned to the joining instance",
+                &mut runs,
+                |runs| Ok(!runs[last].assigned().is_empty()),
+            )?;
+            std::thread::sleep(Duration::from_millis(rng.gen_range(REBALANCE_KILL_DELAY_MS)));
+        } else {
+            runs.push(Run::start(joiner, log.clone(), false)?);
+            wait_until(group, "tasks started by the joining instance", &mut runs, |runs| {
+                Ok(runs[last].started_tasks() > 0)
+            })?;
+            wait_until(group, &covered, &mut runs, |_| Ok(progress.covered()? >= target))?;
+        }
+        logs.push(log);
+        let Some(mut killed) = runs.pop() else { break };
+        let starts_before = starts(&runs);
+        killed.kill();
+        let moved = killed.assigned();
+        lose_node(joiner_state.as_deref(), options)?;
+        let deadline = Instant::now() + MOVE_DEADLINE;
+        loop {
+            let now = starts(&runs);
+            if moved.iter().all(|p| now.get(p) > starts_before.get(p)) {
+                break;
+            }
+            check_alive(group, &mut runs)?;
+            if Instant::now() > deadline {
+                return Err(ServiceError::Child(format!(
+                    "{group}: the killed instance's partitions {moved:?} were not started again by the others \
+                     within {MOVE_DEADLINE:?}; see {}",
+                    logs_named(&runs)
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    for run in &mut runs {
+        run.stop()?;
+    }
+    let log = options.dir.join(format!("{group}-final.log"));
+    Run::start(&instances[0].0, log.clone(), true)?.wait()?;
+    logs.push(log);
+    Ok(logs)
+}
+
+/// Each partition's task starts over these runs.
+fn starts(runs: &[Run]) -> std::collections::HashMap<i32, usize> {
+    let mut all = std::collections::HashMap::new();
+    for run in runs {
+        for (partition, times) in run.starts() {
+            *all.entry(partition).or_insert(0) += times;
+        }
+    }
+    all
+}
+
+fn logs_named(runs: &[Run]) -> String {
+    runs.iter()
+        .map(|run| run.log().display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Fails if one of the runs has exited: they run until stopped.
+fn check_alive(group: &str, runs: &mut [Run]) -> Result<(), ServiceError> {
+    for run in runs.iter_mut() {
+        run.check_alive()
+            .map_err(|e| ServiceError::Child(format!("{group}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Waits (at most `KILL_DEADLINE`) until `done`, while every run keeps running.
+fn wait_until(
+    group: &str,
+    what: &str,
+    runs: &mut [Run],
+    mut done: impl FnMut(&[Run]) -> Result<bool, ServiceError>,
+) -> Result<(), ServiceError> {
+    let deadline = Instant::now() + KILL_DEADLINE;
+    loop {
+        check_alive(group, runs)?;
+        if done(runs)? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(ServiceError::Child(format!(
+                "{group}: {what}: not within {KILL_DEADLINE:?}; see {}",
+                logs_named(runs)
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The kinds of kill that go together, and the instances they need.
+fn validate_kills(options: &ExperimentOptions) -> Result<(), ServiceError> {
+    let refuse = |why: String| Err(ServiceError::Unsupported(why));
+    if options.instances == 0 {
+        return refuse("--instances must be 1 or more".into());
+    }
+    if options.kill_mid_rebalance && options.instances < 2 {
+        return refuse("--kill-mid-rebalance needs --instances 2 or more: a rebalance needs a member to join".into());
+    }
+    if options.kill_mid_backup && options.instances > 1 {
+        return refuse("--kill-mid-backup runs one instance; it does not combine with --instances".into());
+    }
+    if options.instances > options.partitions {
+        return refuse(format!(
+            "--instances {} needs as many partitions (--partitions {}): an instance without one has nothing to lose",
+            options.instances, options.partitions
+        ));
+    }
+    Ok(())
 }
 
 /// Which backup (with entries) of a process a mid-backup kill comes in: early
@@ -489,5 +715,68 @@ fn describe(comparison: &Comparison) -> String {
             (Some(c), Some(s)) => format!("COUNT relative error {c:.4}, SUM {s:.4}"),
             _ => "per-partition estimates".into(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(instances: usize, partitions: usize) -> ExperimentOptions {
+        ExperimentOptions {
+            config: PathBuf::from("unused.toml"),
+            items: 1_000,
+            partitions,
+            failures: vec![1],
+            node_loss: false,
+            kill_mid_backup: false,
+            instances,
+            kill_mid_rebalance: false,
+            thetas: Vec::new(),
+            max_uncovered: Vec::new(),
+            seed: 1,
+            dir: PathBuf::from("unused"),
+        }
+    }
+
+    fn refusal(options: &ExperimentOptions) -> String {
+        match validate_kills(options) {
+            Err(error) => error.to_string(),
+            Ok(()) => String::new(),
+        }
+    }
+
+    #[test]
+    fn kinds_of_kill_that_cannot_be_made_are_refused_naming_the_flags() {
+        assert!(validate_kills(&options(1, 2)).is_ok());
+        assert!(validate_kills(&options(2, 2)).is_ok());
+        assert!(refusal(&options(0, 2)).contains("--instances must be 1 or more"));
+        assert!(refusal(&options(3, 2)).contains("--instances 3 needs as many partitions (--partitions 2)"));
+        let mid_rebalance_alone = ExperimentOptions {
+            kill_mid_rebalance: true,
+            ..options(1, 2)
+        };
+        assert!(refusal(&mid_rebalance_alone).contains("--kill-mid-rebalance needs --instances 2"));
+        let with_two = ExperimentOptions {
+            kill_mid_rebalance: true,
+            ..options(2, 2)
+        };
+        assert!(validate_kills(&with_two).is_ok());
+        let mid_backup_on_two = ExperimentOptions {
+            kill_mid_backup: true,
+            ..options(2, 2)
+        };
+        assert!(refusal(&mid_backup_on_two).contains("--kill-mid-backup runs one instance"));
+    }
+
+    #[test]
+    fn kill_points_are_seeded_ordered_and_inside_the_input() {
+        let options = options(1, 2);
+        let (points, _) = kill_points(&options, 10);
+        let (again, _) = kill_points(&options, 10);
+        assert_eq!(points, again, "the same seed, the same points");
+        assert_eq!(points.len(), 10);
+        assert!(points.windows(2).all(|w| w[0] <= w[1]), "{points:?}");
+        assert!(points.iter().all(|&p| (50..900).contains(&p)), "{points:?}");
     }
 }
