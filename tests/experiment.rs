@@ -116,6 +116,19 @@ fn an_experiment_with_two_kills_reports_each_recovery_and_stays_within_its_bound
         "each recovery logged how long its restore took: {failed}"
     );
     assert_eq!(failed["within_bound"], true, "{failed}");
+    // Without a state directory every recovery restores from the changelog:
+    // the state each restored is held against the exact state at its resume
+    // offset.
+    for recovery in recoveries {
+        let observed = recovery["observed_state"].as_f64().expect("an observed divergence");
+        let bound = recovery["bound_so_far"].as_f64().expect("the bound so far");
+        assert!(
+            bound >= recovery["bound_state"].as_f64().unwrap_or(f64::INFINITY) && observed <= bound,
+            "restored state {observed} from the exact one, over the bound {bound}: {recovery}"
+        );
+    }
+    assert_eq!(failed["recoveries_within_bound"], true, "{failed}");
+    assert_eq!(clean["recoveries_within_bound"], serde_json::Value::Null, "{clean}");
     let plot = std::fs::read_to_string(out_dir.join("accuracy-vs-failures.svg")).expect("the error plot");
     assert!(
         plot.starts_with("<svg") && plot.contains("failures injected"),
@@ -159,6 +172,10 @@ fn an_experiment_whose_backups_write_nothing_is_reported_outside_its_bound() {
         "the kills were recovered from: {failed}"
     );
     assert_eq!(failed["within_bound"], false, "a broken bound must be caught: {failed}");
+    assert_eq!(
+        failed["recoveries_within_bound"], false,
+        "a restored state without its backups is caught at the recovery: {failed}"
+    );
 }
 
 #[test]
@@ -205,6 +222,9 @@ fn kills_in_the_middle_of_a_backup_are_recovered_from_within_the_bound() {
         "each kill was recovered from (every task of the killed process): {failed}"
     );
     assert_eq!(failed["within_bound"], true, "{failed}");
+    // Each restored state holds an incomplete backup taken past its resume
+    // offset: the l·α term of the bound is what covers it.
+    assert_eq!(failed["recoveries_within_bound"], true, "{failed}");
 }
 
 /// The logs of one run of an experiment whose file names contain `part`, in name order.
@@ -292,6 +312,10 @@ fn two_instance_experiment(name: &str, extra: &[&str], label: &str) -> (serde_js
         }
     }
     assert_eq!(failed["within_bound"], true, "{failed}");
+    assert_ne!(
+        failed["recoveries_within_bound"], false,
+        "every state restored from the changelog within the bound so far: {failed}"
+    );
     (failed, first, joined)
 }
 

@@ -22,6 +22,9 @@ pub struct LoggedRecovery {
     pub bound_outputs: f64,
     /// Opening the store, reading the last marker and restoring the state.
     pub restore_seconds: f64,
+    /// The changelog offset a restore from the changelog read to (none when
+    /// the task reopened its local store).
+    pub changelog_end: Option<u64>,
 }
 
 /// A numeric field `name=value` of a log line.
@@ -42,6 +45,7 @@ pub fn logged_recoveries(log: &str) -> Vec<LoggedRecovery> {
                 bound_state: log_field(line, "bound_state")?,
                 bound_outputs: log_field(line, "bound_outputs").unwrap_or(0.0),
                 restore_seconds: log_field(line, "restore_seconds").unwrap_or(0.0),
+                changelog_end: log_field(line, "changelog_end").map(|end| end as u64),
             })
         })
         .collect()

@@ -19,7 +19,7 @@ use serde::Serialize;
 use super::child::{logged_recoveries, Run};
 use super::codec::GlobalModelRecord;
 use super::config::{self, Config, OperatorConfig};
-use super::experiment::RecoveryRecord;
+use super::experiment::{recovery_records, RecoveryRecord};
 use super::kafka::TopicReader;
 use super::produce::{produce_from, Encoder, ProduceOptions, Workload, VECTOR_FEATURES};
 use super::ServiceError;
@@ -241,12 +241,15 @@ pub fn run_convergence(options: &ConvergenceOptions) -> Result<ConvergenceReport
                 model.take_in(last_model);
             }
             let (held_out_accuracy, held_out_log_loss) = model.model().evaluate(held_out);
-            let recoveries = logs
+            let logged: Vec<_> = logs
                 .iter()
                 .filter_map(|log| std::fs::read_to_string(log).ok())
                 .flat_map(|text| logged_recoveries(&text))
-                .map(RecoveryRecord::from)
                 .collect();
+            // A worker's state also follows the global models it takes in,
+            // which its input alone does not give: no exact state to hold a
+            // restored one against.
+            let recoveries = recovery_records(&logged, |_| None);
             runs.push(ConvergenceRun {
                 label,
                 consistency,

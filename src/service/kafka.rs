@@ -330,6 +330,14 @@ fn entry_of(message: &BorrowedMessage<'_>) -> BackupEntry {
     }
 }
 
+/// What [`ChangelogLoader::stream`] read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Streamed {
+    pub records: u64,
+    /// The offset it read to: the records before it make the state.
+    pub end_offset: u64,
+}
+
 /// Reads a changelog topic's partitions.
 pub struct ChangelogLoader {
     reader: TopicReader,
@@ -363,19 +371,26 @@ impl ChangelogLoader {
 
     /// Hands the partition's records to `apply` in log order, `chunk` at a time,
     /// so that a restore into a local store never holds the whole changelog;
-    /// returns how many records it read. Applying every record in order gives
-    /// what the latest record per key gives (later records for a key win).
+    /// reads to the partition's end now, or to `end` when given (the state a
+    /// restore that read to that offset got). Applying every record in order
+    /// gives what the latest record per key gives (later records for a key win).
     pub fn stream(
         &self,
         partition: i32,
+        end: Option<i64>,
         chunk: usize,
         mut apply: impl FnMut(&[BackupEntry]) -> Result<(), String>,
-    ) -> Result<u64, KafkaSetupError> {
+    ) -> Result<Streamed, KafkaSetupError> {
+        let (low, high) = self
+            .reader
+            .watermarks(&self.topic, partition)
+            .map_err(|e| self.error(partition, e))?;
+        let end = end.map_or(high, |end| end.min(high));
         let mut batch = Vec::with_capacity(chunk);
         let mut records = 0u64;
         let mut failed: Option<String> = None;
         self.reader
-            .read_all(&self.topic, partition, |message| {
+            .read(&self.topic, partition, low, end, |message| {
                 if failed.is_some() {
                     return;
                 }
@@ -392,7 +407,10 @@ impl ChangelogLoader {
         }
         match failed {
             Some(reason) => Err(self.error(partition, reason)),
-            None => Ok(records),
+            None => Ok(Streamed {
+                records,
+                end_offset: end.max(0) as u64,
+            }),
         }
     }
 

@@ -25,6 +25,7 @@ pub mod exact;
 pub mod experiment;
 pub mod kafka;
 pub mod metrics;
+pub mod observed;
 pub mod plots;
 pub mod produce;
 pub mod runner;

@@ -122,6 +122,9 @@ struct Restored<O> {
     operator: O,
     assigned: Assigned,
     restored_records: u64,
+    /// The changelog offset a restore from the changelog read to (the state is
+    /// its records before it), for the experiment's check of a recovery.
+    changelog_end: Option<u64>,
     restore_seconds: f64,
 }
 
@@ -1101,6 +1104,7 @@ impl<O: ServiceOperator> Task<O> {
         )?;
         let plan = assigned.plan;
         let mut restored_records = 0;
+        let mut changelog_end = None;
         let mut restore_seconds = assigned.restore_seconds;
         if assigned.local {
             let drifted = operator.load_local_state().map_err(restore_error)?;
@@ -1111,8 +1115,8 @@ impl<O: ServiceOperator> Task<O> {
             );
         } else {
             let started = Instant::now();
-            restored_records = loader
-                .stream(partition, RESTORE_CHUNK, |entries| {
+            let streamed = loader
+                .stream(partition, None, RESTORE_CHUNK, |entries| {
                     operator.restore(entries).map_err(|e| e.to_string())?;
                     if let Some((store, meta)) = &assigned.store {
                         // Written as it is read, so memory holds one chunk; the
@@ -1131,12 +1135,15 @@ impl<O: ServiceOperator> Task<O> {
                     partition,
                     message: format!("restoring from the changelog: {e}"),
                 })?;
+            restored_records = streamed.records;
+            changelog_end = Some(streamed.end_offset);
             restore_seconds += started.elapsed().as_secs_f64();
         }
         Ok(Restored {
             operator,
             assigned,
             restored_records,
+            changelog_end,
             restore_seconds,
         })
     }
@@ -1153,6 +1160,7 @@ impl<O: ServiceOperator> Task<O> {
             operator,
             assigned,
             restored_records,
+            changelog_end,
             restore_seconds,
         } = restored;
         let partition = assigned.partition;
@@ -1192,6 +1200,7 @@ impl<O: ServiceOperator> Task<O> {
                 resume_offset = plan.resume_offset,
                 failures = plan.failures,
                 restored_records = restored_records,
+                changelog_end,
                 restore_seconds,
                 bound_state = plan.introduced.state,
                 bound_outputs = plan.introduced.outputs,
@@ -1207,6 +1216,7 @@ impl<O: ServiceOperator> Task<O> {
                 resume_offset = plan.resume_offset,
                 failures = plan.failures,
                 restored_records = restored_records,
+                changelog_end,
                 theta = thresholds.theta,
                 l = thresholds.items,
                 gamma = thresholds.outputs,
