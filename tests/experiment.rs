@@ -51,8 +51,8 @@ max_unacked = 2000
     );
 }
 
-/// Runs `afstream experiment` with two kills; `env` is added to its environment,
-/// `extra` to its arguments.
+/// Runs `afstream experiment` with three kills (unless `extra` gives
+/// `--failures`); `env` is added to its environment, `extra` to its arguments.
 fn experiment(
     config: &std::path::Path,
     out_dir: &std::path::Path,
@@ -62,8 +62,13 @@ fn experiment(
     Command::new("timeout")
         .args(["600", env!("CARGO_BIN_EXE_afstream"), "experiment", "--config"])
         .arg(config)
-        .args(["--items", "12000", "--failures", "2", "--seed", "7", "--dir"])
+        .args(["--items", "12000", "--seed", "7", "--dir"])
         .arg(out_dir)
+        .args(if extra.contains(&"--failures") {
+            &[][..]
+        } else {
+            &["--failures", "3"][..]
+        })
         .args(extra)
         .env_remove("AFSTREAM_BOOTSTRAP_SERVERS")
         .envs(env.iter().copied())
@@ -76,7 +81,7 @@ fn report(out_dir: &std::path::Path) -> serde_json::Value {
 }
 
 #[test]
-fn an_experiment_with_two_kills_reports_each_recovery_and_stays_within_its_bound() {
+fn an_experiment_with_three_kills_reports_each_recovery_and_stays_within_its_bound() {
     let dir = test_dir("experiment");
     let broker = Broker::start(&dir);
     let config = dir.join("sums.toml");
@@ -89,7 +94,7 @@ fn an_experiment_with_two_kills_reports_each_recovery_and_stays_within_its_bound
         "experiment failed: {}\n{stdout}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(stdout.contains("| 2 failures | 2 |"), "{stdout}");
+    assert!(stdout.contains("| 3 failures | 3 |"), "{stdout}");
     let report = report(&out_dir);
     assert_eq!(report["thresholds"]["theta"], 400.0);
     assert_eq!(report["exact"]["type"], "per_key");
@@ -129,6 +134,16 @@ fn an_experiment_with_two_kills_reports_each_recovery_and_stays_within_its_bound
     }
     assert_eq!(failed["recoveries_within_bound"], true, "{failed}");
     assert_eq!(clean["recoveries_within_bound"], serde_json::Value::Null, "{clean}");
+    // The changelog is read back after each run: the killed processes'
+    // backups count too.
+    for run in [clean, failed] {
+        let written = &run["changelog"];
+        let (records, markers) = (written["records"].as_u64(), written["markers"].as_u64());
+        assert!(
+            markers.is_some_and(|m| m > 0) && records > markers && written["bytes"].as_u64() > records,
+            "backups' entries and markers in the changelog: {written}"
+        );
+    }
     let plot = std::fs::read_to_string(out_dir.join("accuracy-vs-failures.svg")).expect("the error plot");
     assert!(
         plot.starts_with("<svg") && plot.contains("failures injected"),
@@ -192,7 +207,7 @@ fn kills_in_the_middle_of_a_backup_are_recovered_from_within_the_bound() {
         "experiment failed: {}\n{stdout}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(stdout.contains("| 2 failures mid-backup | 2 |"), "{stdout}");
+    assert!(stdout.contains("| 3 failures mid-backup | 3 |"), "{stdout}");
     // Each killed process logged the crash between a backup's entries (in
     // the log) and its marker (never sent).
     let crashes: Vec<String> = std::fs::read_dir(&out_dir)
@@ -207,8 +222,8 @@ fn kills_in_the_middle_of_a_backup_are_recovered_from_within_the_bound() {
         .collect();
     assert_eq!(
         crashes.len(),
-        2,
-        "two processes killed themselves mid-backup: {crashes:?}"
+        3,
+        "three processes killed themselves mid-backup: {crashes:?}"
     );
     assert!(
         crashes.iter().all(|line| line.contains("entries_flushed=true")),
@@ -218,7 +233,7 @@ fn kills_in_the_middle_of_a_backup_are_recovered_from_within_the_bound() {
     let failed = &report["runs"][1];
     let recoveries = failed["recoveries"].as_array().expect("recoveries");
     assert!(
-        recoveries.len() >= 2,
+        recoveries.len() >= 3,
         "each kill was recovered from (every task of the killed process): {failed}"
     );
     assert_eq!(failed["within_bound"], true, "{failed}");
@@ -284,12 +299,12 @@ fn two_instance_experiment(name: &str, extra: &[&str], label: &str) -> (serde_js
         "experiment failed: {}\n{stdout}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(stdout.contains(&format!("| {label} | 2 |")), "{stdout}");
+    assert!(stdout.contains(&format!("| {label} | 3 |")), "{stdout}");
     let report = report(&out_dir);
     let failed = report["runs"][1].clone();
     let first = run_logs(&out_dir, "run2", "instance1").concat();
     let joined = run_logs(&out_dir, "run2", "joined");
-    assert_eq!(joined.len(), 2, "an instance joined for each kill");
+    assert_eq!(joined.len(), 3, "an instance joined for each kill");
     for (i, log) in joined.iter().enumerate() {
         let moved = partition_lists(log, "partitions assigned");
         assert!(
@@ -322,7 +337,7 @@ fn two_instance_experiment(name: &str, extra: &[&str], label: &str) -> (serde_js
 #[test]
 fn kills_of_an_instance_move_its_partitions_to_the_other_which_recovers_them_within_the_bound() {
     let (failed, first, joined) =
-        two_instance_experiment("experiment-move", &["--node-loss"], "2 node losses on another instance");
+        two_instance_experiment("experiment-move", &["--node-loss"], "3 node losses on another instance");
     // The killed instance had started its tasks (each wrote its start marker):
     // the first instance recovers them as failures, from their last markers.
     assert!(
@@ -342,9 +357,9 @@ fn kills_during_a_rebalance_leave_every_partition_running_and_the_answer_within_
     let (failed, _, _) = two_instance_experiment(
         "experiment-rebalance",
         &["--kill-mid-rebalance"],
-        "2 failures mid-rebalance",
+        "3 failures mid-rebalance",
     );
-    assert_eq!(failed["failures_injected"], 2, "{failed}");
+    assert_eq!(failed["failures_injected"], 3, "{failed}");
 }
 
 #[test]
@@ -409,7 +424,7 @@ max_unacked = 5000
     // failures cost 15 points (measured; see the README).
     assert!(
         (clean - failed).abs() < 0.03 && (clean_last - failed_last).abs() < 0.05,
-        "two failures keep the accuracy within 3 points: {clean} against {failed}, \
+        "three failures keep the accuracy within 3 points: {clean} against {failed}, \
          {clean_last} against {failed_last} at the end"
     );
     let png = std::fs::read(out_dir.join("accuracy-over-time.png")).expect("the accuracy plot");
@@ -429,7 +444,7 @@ fn a_distributed_learner_converges_through_kills_under_bsp_and_asp_in_the_report
         &config,
         &out_dir,
         &[],
-        &["--partitions", "3", "--consistency", "bsp,asp"],
+        &["--partitions", "3", "--consistency", "bsp,asp", "--failures", "2"],
     );
     assert!(
         output.status.success(),

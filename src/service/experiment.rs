@@ -21,6 +21,7 @@ use super::kafka::ChangelogLoader;
 use super::observed::{observed_divergences, RestoreCheck};
 use super::produce::{produce_from, Encoder, ProduceOptions, Workload};
 use super::ServiceError;
+use crate::core::recovery::BackupMarker;
 
 /// The longest one run may take to reach a kill point.
 const KILL_DEADLINE: Duration = Duration::from_secs(300);
@@ -94,6 +95,9 @@ pub struct RunOutcome {
     pub backups: u64,
     pub backup_entries: u64,
     pub markers: u64,
+    /// What every process of the run wrote to its changelog, killed ones
+    /// included, read back from the topic after the run.
+    pub changelog: ChangelogWritten,
     /// For per-key outputs: whether the L1 error is within `output_error_bound`.
     pub within_bound: Option<bool>,
     /// Whether the state each recovery restored from the changelog was within
@@ -119,6 +123,33 @@ pub struct RecoveryRecord {
     /// What the partition's failures so far may have left in that state: the
     /// sum of their state bounds, this one's included.
     pub bound_so_far: f64,
+}
+
+/// A run's changelog, read back: backups' entries and markers (each backup
+/// ends with one, and so does every task's start and clean stop).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct ChangelogWritten {
+    pub records: u64,
+    pub markers: u64,
+    /// Keys and values.
+    pub bytes: u64,
+}
+
+/// Reads a run's changelog back (on a compacted topic: what compaction left).
+fn changelog_written(config: &Config, group: &str, partitions: usize) -> Result<ChangelogWritten, ServiceError> {
+    let loader = ChangelogLoader::new(&config.kafka, &config.pipeline.changelog_topic(group))?;
+    let mut written = ChangelogWritten::default();
+    for partition in 0..partitions as i32 {
+        loader.stream(partition, None, 10_000, |entries| {
+            for entry in entries {
+                written.records += 1;
+                written.markers += u64::from(BackupMarker::is_marker(entry));
+                written.bytes += (entry.key.len() + entry.value.as_ref().map_or(0, |v| v.len())) as u64;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(written)
 }
 
 /// The run's recoveries, each with the divergence observed in the state it
@@ -342,6 +373,7 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
             seconds,
             items_per_second: options.items as f64 / seconds.max(1e-9),
             comparison,
+            changelog: changelog_written(&config, &group, options.partitions)?,
             within_bound,
             recoveries_within_bound: recoveries_within_bound(&recoveries),
             recoveries,
@@ -721,12 +753,12 @@ pub fn markdown(report: &ExperimentReport) -> String {
         report.kind, report.workload, report.items, report.partitions, report.seed, t.mode, t.theta, t.max_uncovered,
         t.max_unacked
     );
-    out.push_str("| run | failures injected | recoveries logged | restored state against the exact one (within the bound so far, largest share of it) | output against the exact answer | bound (state + α·outputs, logged) | within | items/s (restarts included) | backups / entries / markers (last process) | slowest restore (s) |\n");
+    out.push_str("| run | failures injected | recoveries logged | restored state against the exact one (within the bound so far, largest share of it) | output against the exact answer | bound (state + α·outputs, logged) | within | items/s (restarts included) | changelog written: records / markers / MB | slowest restore (s) |\n");
     out.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     let yes_no = |within: Option<bool>| within.map_or("-", |w| if w { "yes" } else { "**no**" });
     for run in &report.runs {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {:.1} | {} | {:.0} | {} / {} / {} | {:.3} |\n",
+            "| {} | {} | {} | {} | {} | {:.1} | {} | {:.0} | {} / {} / {:.2} | {:.3} |\n",
             run.label,
             run.failures_injected,
             run.recoveries.len(),
@@ -735,9 +767,9 @@ pub fn markdown(report: &ExperimentReport) -> String {
             run.output_error_bound,
             yes_no(run.within_bound),
             run.items_per_second,
-            run.backups,
-            run.backup_entries,
-            run.markers,
+            run.changelog.records,
+            run.changelog.markers,
+            run.changelog.bytes as f64 / 1e6,
             run.recoveries.iter().map(|r| r.restore_seconds).fold(0.0, f64::max)
         ));
     }
