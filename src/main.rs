@@ -398,6 +398,7 @@ fn produce(args: &ProduceArgs) -> Result<(), Box<dyn std::error::Error>> {
     let options = |total| ProduceOptions {
         rate: args.rate,
         progress: Some(total),
+        partition: None,
     };
     let (summary, source) = match &args.file {
         Some(path) => {

@@ -319,6 +319,9 @@ pub struct ProduceOptions {
     /// Show a progress bar on stderr when it is a terminal, of this many
     /// records when known.
     pub progress: Option<Option<u64>>,
+    /// Every record to this partition (else by key, as the client's
+    /// partitioner places it).
+    pub partition: Option<i32>,
 }
 
 /// What was produced.
@@ -407,6 +410,9 @@ pub fn produce_from(
         let mut base: BaseRecord<'_, [u8], [u8], ()> = BaseRecord::to(topic).payload(record.value.as_slice());
         if let Some(key) = &record.key {
             base = base.key(key.as_slice());
+        }
+        if let Some(partition) = options.partition {
+            base = base.partition(partition);
         }
         loop {
             match producer.send(base) {
