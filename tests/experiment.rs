@@ -121,6 +121,10 @@ fn an_experiment_with_three_kills_reports_each_recovery_and_stays_within_its_bou
         "each recovery logged how long its restore took: {failed}"
     );
     assert_eq!(failed["within_bound"], true, "{failed}");
+    assert_eq!(
+        failed["comparison"]["missing"], 0,
+        "no acknowledged output lost: every key has its output: {failed}"
+    );
     // Without a state directory every recovery restores from the changelog:
     // the state each restored is held against the exact state at its resume
     // offset.
