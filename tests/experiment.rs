@@ -478,6 +478,14 @@ fn a_distributed_learner_converges_through_kills_under_bsp_and_asp_in_the_report
                 "{recovery}"
             );
         }
+        let outages = killed["outages"].as_array().expect("outages");
+        assert_eq!(outages.len(), 2, "{label}: an outage a kill: {outages:?}");
+        assert!(
+            outages
+                .iter()
+                .all(|o| o["running_at"].as_f64() > o["killed_at"].as_f64()),
+            "{label}: {outages:?}"
+        );
         let curve = killed["curve"].as_array().expect("a curve");
         let loss = |p: &serde_json::Value| p["loss"].as_f64().expect("a loss");
         assert!(curve.len() >= 10, "{label}: {} global models", curve.len());

@@ -79,6 +79,15 @@ pub struct ConvergenceRun {
     /// When the loss (the same mean, over the models before) first reached the
     /// failure-free run's final loss; None if it never did.
     pub seconds_to_reference: Option<f64>,
+    /// Each kill's outage: from the SIGKILL until the restarted process had
+    /// started every task again (the group noticing the death, then the
+    /// restores), in seconds since the run's start.
+    pub outages: Vec<Outage>,
+    /// `seconds_to_reference` less the outages before it: the time the tasks
+    /// ran, which is what approximate recovery (lost progress, replay) costs
+    /// beside the failure-free run; the outages are mostly the group's
+    /// session timeout.
+    pub running_seconds_to_reference: Option<f64>,
     pub items_to_reference: Option<u64>,
     /// The final global model on items it never trained on.
     pub held_out_accuracy: f64,
@@ -211,7 +220,12 @@ pub fn run_convergence(options: &ConvergenceOptions) -> Result<ConvergenceReport
                 reader: &reader,
             };
             let started = std::time::SystemTime::now();
-            let (logs, kills, seconds) = run.run(failures, last, options.seed ^ runs.len() as u64)?;
+            let Ran {
+                logs,
+                kills,
+                seconds,
+                outages,
+            } = run.run(failures, last, options.seed ^ runs.len() as u64)?;
             let models = run.global_models()?;
             let start_ms = started
                 .duration_since(std::time::UNIX_EPOCH)
@@ -259,6 +273,8 @@ pub fn run_convergence(options: &ConvergenceOptions) -> Result<ConvergenceReport
                 seconds,
                 final_loss,
                 seconds_to_reference: reached.map(|p| p.seconds),
+                running_seconds_to_reference: reached.map(|p| p.seconds - down_before(&outages, p.seconds)),
+                outages,
                 items_to_reference: reached.map(|p| p.items),
                 curve,
                 held_out_accuracy,
@@ -386,7 +402,7 @@ impl LearnerRun<'_> {
     /// tasks, not a starting process), and none comes once iteration `last`
     /// is published. Returns its logs, the kills made and how long it took
     /// to reach `last`.
-    fn run(&self, failures: usize, last: u64, seed: u64) -> Result<(Vec<PathBuf>, usize, f64), ServiceError> {
+    fn run(&self, failures: usize, last: u64, seed: u64) -> Result<Ran, ServiceError> {
         let mut rng = StdRng::seed_from_u64(seed ^ 0xfa11);
         let mut points: Vec<f64> = (0..failures).map(|_| rng.gen_range(0.05..0.9)).collect();
         points.sort_by(f64::total_cmp);
@@ -402,6 +418,7 @@ impl LearnerRun<'_> {
         };
         let mut run = start(&mut logs)?;
         let mut kills = 0;
+        let mut outages = Vec::new();
         for fraction in points {
             let target = (fraction * expected as f64) as u64;
             self.wait(&mut run, &format!("{target} models"), |run| {
@@ -411,15 +428,28 @@ impl LearnerRun<'_> {
                 break;
             }
             run.kill();
+            let killed_at = started.elapsed().as_secs_f64();
             kills += 1;
             run = start(&mut logs)?;
+            self.wait(&mut run, "the restarted process's tasks", |run| {
+                Ok(run.started_tasks() >= tasks)
+            })?;
+            outages.push(Outage {
+                killed_at,
+                running_at: started.elapsed().as_secs_f64(),
+            });
         }
         self.wait(&mut run, &format!("the global model of iteration {last}"), |_| {
             self.reached(last)
         })?;
         let seconds = started.elapsed().as_secs_f64();
         run.stop()?;
-        Ok((logs, kills, seconds))
+        Ok(Ran {
+            logs,
+            kills,
+            seconds,
+            outages,
+        })
     }
 
     fn wait(
@@ -528,6 +558,31 @@ fn optional(value: Option<f64>) -> String {
     value.map_or("never".to_string(), |v| format!("{v:.1}"))
 }
 
+/// What [`LearnerRun::run`] did.
+struct Ran {
+    logs: Vec<PathBuf>,
+    kills: usize,
+    /// To the last iteration's global model.
+    seconds: f64,
+    outages: Vec<Outage>,
+}
+
+/// A kill's outage, in seconds since the run's start.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Outage {
+    pub killed_at: f64,
+    /// Every task of the restarted process had started.
+    pub running_at: f64,
+}
+
+/// How long the outages kept the tasks down before `at`.
+fn down_before(outages: &[Outage], at: f64) -> f64 {
+    outages
+        .iter()
+        .map(|o| (o.running_at.min(at) - o.killed_at).max(0.0))
+        .sum()
+}
+
 /// The report as a Markdown table, a row per run.
 pub fn markdown(report: &ConvergenceReport) -> String {
     let mut out = format!(
@@ -536,18 +591,20 @@ pub fn markdown(report: &ConvergenceReport) -> String {
         report.items, report.partitions, report.publish_every, report.seed
     );
     out.push_str(
-        "| run | kills | recoveries | seconds | final loss | seconds to the failure-free final loss | items to it | \
-         held-out accuracy | held-out log-loss |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "| run | kills | recoveries | seconds | final loss | seconds to the failure-free final loss | of them with \
+         the tasks running (outages left out) | items to it | held-out accuracy | held-out log-loss |\n| --- | --- \
+         | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for run in &report.runs {
         out.push_str(&format!(
-            "| {} | {} | {} | {:.1} | {:.4} | {} | {} | {:.4} | {:.4} |\n",
+            "| {} | {} | {} | {:.1} | {:.4} | {} | {} | {} | {:.4} | {:.4} |\n",
             run.label,
             run.failures_injected,
             run.recoveries.len(),
             run.seconds,
             run.final_loss,
             optional(run.seconds_to_reference),
+            optional(run.running_seconds_to_reference),
             run.items_to_reference.map_or("never".to_string(), |n| n.to_string()),
             run.held_out_accuracy,
             run.held_out_log_loss,
@@ -559,6 +616,25 @@ pub fn markdown(report: &ConvergenceReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outages_count_only_up_to_the_moment_asked_about() {
+        let outages = [
+            Outage {
+                killed_at: 1.0,
+                running_at: 8.0,
+            },
+            Outage {
+                killed_at: 10.0,
+                running_at: 17.0,
+            },
+        ];
+        assert_eq!(down_before(&outages, 0.5), 0.0, "before the first kill");
+        assert_eq!(down_before(&outages, 5.0), 4.0, "inside the first outage");
+        assert_eq!(down_before(&outages, 9.0), 7.0, "between the two");
+        assert_eq!(down_before(&outages, 20.0), 14.0, "after both");
+        assert_eq!(down_before(&[], 20.0), 0.0);
+    }
 
     fn point(items: u64, loss: f64) -> CurvePoint {
         CurvePoint {
