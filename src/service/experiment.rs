@@ -258,7 +258,6 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
         .unwrap_or_default();
     let name = format!("{}-experiment-{stamp}", base.kafka.group_id);
     let shared_input = format!("{name}-input");
-    let input = shared_input.clone();
 
     let encoder =
         Encoder::new(workload, base.pipeline.format, base.pipeline.avro.as_ref()).map_err(ServiceError::Unsupported)?;
@@ -267,7 +266,7 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
         .map_err(ServiceError::Unsupported)?;
     produce_from(
         &base.kafka,
-        &input,
+        &shared_input,
         options.partitions,
         records.into_iter().map(Ok),
         &ProduceOptions::default(),
@@ -318,7 +317,11 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
         // A group of instances with kills reads its own copy of the input,
         // written while it runs (see `InputFeed`).
         let fed = options.instances > 1 && failures > 0;
-        let run_input = if fed { format!("{group}-input") } else { input.clone() };
+        let run_input = if fed {
+            format!("{group}-input")
+        } else {
+            shared_input.clone()
+        };
         let input = &run_input;
         write_run_config(&text, &path, &group, input, &options.dir.join(&group), (theta, l))?;
         let config = config::load(&path, &env)?;
@@ -671,22 +674,11 @@ fn run_with_moves(
         killed.kill();
         let moved = killed.assigned();
         lose_node(joiner_state.as_deref(), options)?;
-        let deadline = Instant::now() + MOVE_DEADLINE;
-        loop {
-            let now = starts(&runs);
-            if moved.iter().all(|p| now.get(p) > starts_before.get(p)) {
-                break;
-            }
-            check_alive(group, &mut runs)?;
-            if Instant::now() > deadline {
-                return Err(ServiceError::Child(format!(
-                    "{group}: the killed instance's partitions {moved:?} were not started again by the others \
-                     within {MOVE_DEADLINE:?}; see {}",
-                    logs_named(&runs)
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let what = format!("the killed instance's partitions {moved:?} started again by the others");
+        wait_until_within(MOVE_DEADLINE, group, &what, &mut runs, |runs| {
+            let now = starts(runs);
+            Ok(moved.iter().all(|p| now.get(p) > starts_before.get(p)))
+        })?;
     }
     if let Some(feed) = feed.as_mut() {
         feed.to(1.0)?;
@@ -833,9 +825,20 @@ fn wait_until(
     group: &str,
     what: &str,
     runs: &mut [Run],
+    done: impl FnMut(&[Run]) -> Result<bool, ServiceError>,
+) -> Result<(), ServiceError> {
+    wait_until_within(KILL_DEADLINE, group, what, runs, done)
+}
+
+/// Waits (at most `patience`) until `done`, while every run keeps running.
+fn wait_until_within(
+    patience: Duration,
+    group: &str,
+    what: &str,
+    runs: &mut [Run],
     mut done: impl FnMut(&[Run]) -> Result<bool, ServiceError>,
 ) -> Result<(), ServiceError> {
-    let deadline = Instant::now() + KILL_DEADLINE;
+    let deadline = Instant::now() + patience;
     loop {
         check_alive(group, runs)?;
         if done(runs)? {
@@ -843,7 +846,7 @@ fn wait_until(
         }
         if Instant::now() > deadline {
             return Err(ServiceError::Child(format!(
-                "{group}: {what}: not within {KILL_DEADLINE:?}; see {}",
+                "{group}: {what}: not within {patience:?}; see {}",
                 logs_named(runs)
             )));
         }
