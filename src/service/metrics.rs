@@ -116,7 +116,7 @@ pub const METRICS: &[(&str, MetricKind, &str)] = &[
     (
         "afstream_divergence",
         MetricKind::Gauge,
-        "Divergence of the state from its last acknowledged backup.",
+        "Divergence of the state from its last backup issued.",
     ),
     ("afstream_theta", MetricKind::Gauge, "The task's current θ."),
     (

@@ -597,7 +597,7 @@ fn partition_list(tpl: &TopicPartitionList) -> Vec<i32> {
     tpl.elements().iter().map(|e| e.partition()).collect()
 }
 
-/// Deliveries still owed for the backup in flight.
+/// Deliveries still owed for a backup in flight.
 #[derive(Clone, Copy, Debug)]
 struct OpenBackup {
     seq: u64,
@@ -606,10 +606,13 @@ struct OpenBackup {
 }
 
 /// What a task's I/O left for the loop: acknowledgements known at once, the
-/// backup in flight, and an error the task cannot go on with.
+/// backups in flight, and an error the task cannot go on with.
 #[derive(Default)]
 struct Flight {
-    backup: Option<OpenBackup>,
+    /// Backups in flight, in the order they were written: each is reported
+    /// once all its records are, and in this order (an acknowledgement covers
+    /// every backup before it, see `Operator::acknowledge_backup`).
+    backups: VecDeque<OpenBackup>,
     acks: Vec<Ack>,
     fatal: Option<String>,
     /// Changelog records (backup entries, markers) waiting for the task's next
@@ -700,18 +703,24 @@ impl RetryBackoff {
 
 impl Flight {
     fn backup_record_done(&mut self, seq: u64, failed: bool) {
-        let Some(open) = self.backup.as_mut().filter(|b| b.seq == seq) else {
+        let Some(open) = self.backups.iter_mut().find(|b| b.seq == seq) else {
             return;
         };
         open.remaining = open.remaining.saturating_sub(1);
         open.failed |= failed;
-        if open.remaining == 0 {
+        self.report_backups();
+    }
+
+    /// Reports the backups whose records are all delivered, oldest first, up to
+    /// the first that still waits for one.
+    fn report_backups(&mut self) {
+        while let Some(open) = self.backups.front().filter(|b| b.remaining == 0).copied() {
+            self.backups.pop_front();
             self.acks.push(if open.failed {
-                Ack::BackupFailed(seq)
+                Ack::BackupFailed(open.seq)
             } else {
-                Ack::BackupWritten(seq)
+                Ack::BackupWritten(open.seq)
             });
-            self.backup = None;
         }
     }
 }
@@ -792,15 +801,16 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
     }
 
     fn write_backup(&mut self, seq: u64, entries: &[BackupEntry]) {
-        if entries.is_empty() {
-            self.flight.acks.push(Ack::BackupWritten(seq));
-            return;
-        }
-        self.flight.backup = Some(OpenBackup {
+        self.flight.backups.push_back(OpenBackup {
             seq,
             remaining: entries.len(),
             failed: false,
         });
+        if entries.is_empty() {
+            // Nothing to deliver: written once the backups before it are.
+            self.flight.report_backups();
+            return;
+        }
         let delivery = Delivery::BackupRecord {
             partition: self.partition,
             seq,
@@ -2156,6 +2166,32 @@ pub fn run_pipeline<O: ServiceOperator>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backups_in_flight_are_reported_in_the_order_written() {
+        let mut flight = Flight::default();
+        for (seq, remaining) in [(1, 2), (3, 0), (5, 1)] {
+            flight.backups.push_back(OpenBackup {
+                seq,
+                remaining,
+                failed: false,
+            });
+        }
+        flight.report_backups();
+        assert!(
+            flight.acks.is_empty(),
+            "an empty backup waits for the one before it: an acknowledgement covers every backup before it"
+        );
+        flight.backup_record_done(5, true);
+        assert!(flight.acks.is_empty(), "{:?}", flight.acks);
+        flight.backup_record_done(1, false);
+        flight.backup_record_done(1, false);
+        assert_eq!(
+            flight.acks,
+            [Ack::BackupWritten(1), Ack::BackupWritten(3), Ack::BackupFailed(5)]
+        );
+        assert!(flight.backups.is_empty());
+    }
 
     #[test]
     fn a_failing_broker_is_retried_with_a_doubling_backoff_that_resets_on_success() {

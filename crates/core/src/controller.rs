@@ -8,27 +8,28 @@
 //! (outputs):
 //!
 //! * **Backups.** After an item, a backup is issued when the divergence from the
-//!   last acknowledged backup exceeds θ (it writes the drifted entries), and at
+//!   last backup *issued* exceeds θ (it writes the drifted entries), and at
 //!   the end of a run of input (the items a poll gave, or as many as the window
 //!   let through) once ⌈l/4⌉ items have passed since the last backup was issued
 //!   (so input waits only when a marker takes longer than ¾·l items of input to
-//!   come back; markers are not waited for one by one, several may be in
-//!   flight; a backup at the end of the run covers all of it, where one issued
+//!   come back; a backup at the end of the run covers all of it, where one issued
 //!   mid-run would leave the rest of the run to a second backup behind it). A backup
 //!   for l while the divergence is within θ writes only what failed writes owe
 //!   (`BackupScope::Owed`): its marker moves the recovery point over a logged
 //!   state that is within θ of the live one, which is all the bound needs, so
-//!   l costs a marker, not the drift of ⌈l/4⌉ items. At most one backup is *open* (issued, entries
-//!   not yet acknowledged): the next backup's entries go out only after the
-//!   previous marker, so the changelog after its last marker holds at most one
-//!   incomplete backup. A trigger that arrives while a backup is open waits for
-//!   it; the later backup then covers more items (an every-change changelog
-//!   coalesced per round trip, never more records than one). A backup is
+//!   l costs a marker, not the drift of ⌈l/4⌉ items. **Several backups may be in
+//!   flight**: the adapter writes the changelog in order and without gaps, so
+//!   the log is always a prefix of what was sent, a marker in the log has every
+//!   backup issued before it there, and the state it logs is the one the
+//!   divergence was measured from when it was issued; after its last marker the
+//!   log holds at most part of one backup, taken at most ⌈l/4⌉ items past it.
+//!   (With one backup open at a time, a marker came back at best every two
+//!   round trips, and input waited whenever l items took less than that.) A backup is
 //!   taken when issued, but its entries go out only once every output of the
-//!   items it covers is acknowledged: the incomplete backup a crash leaves after
-//!   the last marker is restored, and it must never carry the effect of an
-//!   output that may be lost (a flow marked reported whose report never arrived
-//!   would never be reported).
+//!   items it covers is acknowledged, and in the order the backups were taken:
+//!   the incomplete backup a crash leaves after the last marker is restored,
+//!   and it must never carry the effect of an output that may be lost (a flow
+//!   marked reported whose report never arrived would never be reported).
 //! * **Markers.** A backup's marker (input offset P, sequence, k, thresholds)
 //!   goes out right behind the backup's entries, once every output of the items
 //!   before P is acknowledged: a marker never covers a lost output. The adapter
@@ -40,10 +41,14 @@
 //!   never counts (the backup is issued again and its marker covers the same
 //!   items).
 //! * **Failed writes.** A backup whose write failed may still have reached the
-//!   log. Its entries are owed again (the structures re-send them whatever their
-//!   drift) and a new backup is issued at once; its marker is the first to cover
-//!   them. A failed marker is not re-sent: a new backup is issued and its marker
-//!   covers the same items.
+//!   log, or not. Its entries are owed again (the structures re-send them
+//!   whatever their drift), and so are those of every backup taken but not sent
+//!   yet (abandoned: they were measured from the failed one). Once every write
+//!   in flight is reported (the gapless log fails them all), a new backup is
+//!   issued; its marker is the first to count after the failure. Nothing is
+//!   sent meanwhile, so no marker can land over a log that lacks what the
+//!   failed backups owe. A failed marker is not re-sent: it is handled like a
+//!   failed backup, and the new backup's marker covers the same items.
 //! * **The window.** Input waits while l items are past the last acknowledged
 //!   marker, so a crash replays at most l items and the incomplete backup after
 //!   the last marker in the log was taken at most l items past it: the replay
@@ -95,6 +100,10 @@ pub enum Action {
     /// output that could still be lost (a heavy hitter marked reported whose
     /// report never reached the broker would never be reported).
     SendBackup { seq: u64 },
+    /// Backup `seq` was taken but will never go out (a write before it failed,
+    /// and it was measured from that write): its entries are owed again
+    /// ([`crate::Operator::fail_backup`]).
+    AbandonBackup { seq: u64 },
     /// Write this marker to the changelog after every record written before it;
     /// report whether it was acknowledged.
     Marker(BackupMarker),
@@ -241,7 +250,11 @@ pub struct TaskController {
     processed: Position,
     /// The position of the last backup issued.
     last_issued: Position,
-    open: Option<OpenBackup>,
+    /// Backups issued whose entries are not acknowledged yet, in issue order.
+    open: VecDeque<OpenBackup>,
+    /// A write failed: no backup is issued until every write in flight is
+    /// reported, then one (the widest `deferred` scope) is.
+    after_failure: bool,
     markers: VecDeque<MarkerInFlight>,
     /// The position the last acknowledged marker covers.
     marked: Position,
@@ -253,8 +266,9 @@ pub struct TaskController {
     /// Items past the last acknowledged marker at which input waits (not in
     /// mode none).
     window: u64,
-    /// A trigger came while a backup was open: issue when it closes, with the
-    /// widest scope asked for meanwhile.
+    /// A backup for l is due at the end of the run of input (or, after a
+    /// failure, once the writes in flight are reported): the widest scope asked
+    /// for meanwhile.
     deferred: Option<BackupScope>,
     interval_items: u64,
     interval_started_ms: u64,
@@ -267,6 +281,13 @@ pub struct TaskController {
 /// markers would leave more room for a round trip, at a changelog record (and a
 /// produce request) each.
 const BACKUPS_PER_WINDOW: u64 = 4;
+
+/// Backups in flight at most. A trigger beyond them waits for one to close and
+/// the backup then covers more items: where θ is tiny (after many failures) the
+/// changelog is an every-change changelog coalesced over a quarter of a round
+/// trip, never a backup per item. Four keep a marker coming back every quarter
+/// of a round trip, as many as the backups for l ask for.
+const MAX_OPEN_BACKUPS: usize = 4;
 
 /// The scope that writes at least what either writes.
 fn widest(a: BackupScope, b: BackupScope) -> BackupScope {
@@ -312,7 +333,8 @@ impl TaskController {
             phase: Phase::Running,
             processed: start,
             last_issued: start,
-            open: None,
+            open: VecDeque::new(),
+            after_failure: false,
             markers: VecDeque::new(),
             marked: start,
             next_seq: 0,
@@ -508,7 +530,7 @@ impl TaskController {
     /// first would cover a quarter of a run that fills the window, and the rest
     /// would wait for its round trips.
     pub fn run_ended(&mut self, actions: &mut Vec<Action>) {
-        if self.phase != Phase::Running || self.open.is_some() {
+        if self.phase != Phase::Running || self.after_failure || self.open.len() >= MAX_OPEN_BACKUPS {
             return;
         }
         // An owed-only scope is still enough: had the divergence passed θ since,
@@ -539,12 +561,13 @@ impl TaskController {
         }
     }
 
-    /// A backup is due: issue it now, or when the open one's marker is written.
+    /// A backup is due: issue it now, or once one of the backups in flight
+    /// closes (after a failure: once every write in flight is reported).
     fn trigger(&mut self, scope: BackupScope, actions: &mut Vec<Action>) {
         if self.phase != Phase::Running {
             return;
         }
-        if self.open.is_some() {
+        if self.after_failure || self.open.len() >= MAX_OPEN_BACKUPS {
             self.defer(scope);
         } else {
             self.issue_backup(scope, false, actions);
@@ -568,7 +591,7 @@ impl TaskController {
         self.next_seq += 1;
         self.deferred = None;
         self.last_issued = self.processed;
-        self.open = Some(OpenBackup {
+        self.open.push_back(OpenBackup {
             seq,
             covers: self.processed,
             scope,
@@ -579,16 +602,36 @@ impl TaskController {
         self.send_when_outputs_done(actions);
     }
 
-    /// Sends the open backup's entries, and its marker right behind them, once
-    /// the outputs before it are acknowledged.
+    /// Sends the open backups' entries, each with its marker right behind them,
+    /// in the order they were taken, each once the outputs before it are
+    /// acknowledged.
     fn send_when_outputs_done(&mut self, actions: &mut Vec<Action>) {
-        let Some(open) = self.open else { return };
-        if !open.sent && self.outputs_done_before(open.covers) {
-            if let Some(open) = self.open.as_mut() {
-                open.sent = true;
+        let first_unsent = self.open.partition_point(|o| o.sent);
+        for index in first_unsent..self.open.len() {
+            let open = self.open[index];
+            if !self.outputs_done_before(open.covers) {
+                break;
             }
+            self.open[index].sent = true;
             actions.push(Action::SendBackup { seq: open.seq });
             self.send_marker(open.covers, open.clean, Some(open.seq), actions);
+        }
+    }
+
+    /// A write failed (`scope` is what the failed backup wrote). Backups taken
+    /// but not sent are abandoned (their entries owed again), and the next
+    /// backup waits until every write in flight is reported (see the module
+    /// docs).
+    fn write_failed(&mut self, scope: BackupScope, actions: &mut Vec<Action>) {
+        let mut widest_scope = scope;
+        while self.open.back().is_some_and(|o| !o.sent) {
+            let Some(abandoned) = self.open.pop_back() else { break };
+            widest_scope = widest(widest_scope, abandoned.scope);
+            actions.push(Action::AbandonBackup { seq: abandoned.seq });
+        }
+        if self.phase == Phase::Running {
+            self.after_failure = true;
+            self.defer(widest_scope);
         }
     }
 
@@ -621,10 +664,17 @@ impl TaskController {
     /// Sends the open backup once the outputs before it are acknowledged, and
     /// issues a backup that waited for it.
     fn advance(&mut self, actions: &mut Vec<Action>) {
-        self.send_when_outputs_done(actions);
-        if self.open.is_some() {
-            return;
+        if self.after_failure {
+            if !self.open.is_empty() {
+                return;
+            }
+            self.after_failure = false;
+            if self.phase == Phase::Running {
+                let scope = self.deferred.unwrap_or(self.regular_scope());
+                self.issue_backup(scope, false, actions);
+            }
         }
+        self.send_when_outputs_done(actions);
         match self.phase {
             Phase::Running => self.run_ended(actions),
             Phase::Stopping => self.advance_stop(actions),
@@ -635,10 +685,10 @@ impl TaskController {
     /// Backup `seq`'s entries were acknowledged: its marker counts once it is
     /// acknowledged too (it may be already).
     pub fn backup_written(&mut self, seq: u64, actions: &mut Vec<Action>) {
-        if !self.open.is_some_and(|o| o.seq == seq && o.sent) {
+        let Some(index) = self.open.iter().position(|o| o.seq == seq && o.sent) else {
             return;
-        }
-        self.open = None;
+        };
+        self.open.remove(index);
         let marker = self.markers.iter_mut().find(|m| m.entries_of == Some(seq));
         if let Some(marker) = marker {
             marker.entries_of = None;
@@ -651,16 +701,18 @@ impl TaskController {
     }
 
     /// Backup `seq`'s entries were not acknowledged: some may be in the log. The
-    /// operator owes them again; a new backup goes out at once. The marker sent
-    /// behind them never counts: the log's order lands it only after all of
-    /// them (see `TaskIo::write_marker`), and the new backup's marker covers the
-    /// same items.
+    /// operator owes them again; a new backup follows once every write in
+    /// flight is reported. The marker sent behind them never counts: the log's
+    /// order lands it only after all of them (see `TaskIo::write_marker`), and
+    /// the new backup's marker covers the same items.
     pub fn backup_failed(&mut self, seq: u64, actions: &mut Vec<Action>) {
-        if let Some(open) = self.open.filter(|o| o.seq == seq && o.sent) {
-            self.open = None;
-            self.markers.retain(|m| m.entries_of != Some(seq));
-            self.issue_backup(open.scope, open.clean, actions);
-        }
+        let Some(index) = self.open.iter().position(|o| o.seq == seq && o.sent) else {
+            return;
+        };
+        let Some(failed) = self.open.remove(index) else { return };
+        self.markers.retain(|m| m.entries_of != Some(seq));
+        self.write_failed(failed.scope, actions);
+        self.advance(actions);
     }
 
     /// The marker `seq` was acknowledged: the recovery point moves to it (once
@@ -709,12 +761,12 @@ impl TaskController {
         };
         match self.phase {
             Phase::Starting => self.send_marker(failed.covers, false, None, actions),
-            Phase::Stopping => self.advance_stop(actions),
-            Phase::Running if self.open.is_none() => {
+            Phase::Running | Phase::Stopping => {
                 let scope = self.regular_scope();
-                self.issue_backup(scope, false, actions);
+                self.write_failed(scope, actions);
+                self.advance(actions);
             }
-            _ => self.deferred = Some(self.regular_scope()),
+            Phase::Stopped => {}
         }
     }
 
@@ -746,7 +798,7 @@ impl TaskController {
     }
 
     fn advance_stop(&mut self, actions: &mut Vec<Action>) {
-        if self.phase != Phase::Stopping || self.open.is_some() || self.unacked_outputs > 0 {
+        if self.phase != Phase::Stopping || !self.open.is_empty() || self.unacked_outputs > 0 {
             return;
         }
         if self.mode == Mode::None {
@@ -788,7 +840,7 @@ impl TaskController {
 
     /// Whether a backup's entries may be on their way to the log.
     pub fn backup_open(&self) -> bool {
-        self.open.is_some()
+        !self.open.is_empty()
     }
 
     /// The worst-case error a crash now could introduce, from the thresholds:

@@ -8,6 +8,8 @@
 //! input must wait, then the adapter delivers whatever acknowledgements arrived
 //! and calls it again. So the property tests prove the code the service runs.
 
+use std::collections::VecDeque;
+
 use serde::Serialize;
 
 use super::controller::{Action, Blocked, ControllerConfig, TaskController};
@@ -99,10 +101,11 @@ pub struct TaskDriver<O: Operator> {
     operator: O,
     controller: TaskController,
     actions: Vec<Action>,
-    /// The entries of the open backup, held from its snapshot until they may go
-    /// out (`held` is its sequence number).
-    entries: Vec<BackupEntry>,
-    held: Option<u64>,
+    /// The entries of each backup taken and not sent yet, oldest first, held
+    /// from its snapshot until they may go out; `spare` keeps the buffers of
+    /// those sent for reuse.
+    held: VecDeque<(u64, Vec<BackupEntry>)>,
+    spare: Vec<Vec<BackupEntry>>,
     outputs: Vec<O::Output>,
     stats: DriverStats,
     faults: DriverFaults,
@@ -149,8 +152,8 @@ impl<O: Operator> TaskDriver<O> {
             operator,
             controller,
             actions,
-            entries: Vec::new(),
-            held: None,
+            held: VecDeque::new(),
+            spare: Vec::new(),
             outputs: Vec::new(),
             stats: DriverStats::default(),
             faults: DriverFaults::default(),
@@ -371,21 +374,28 @@ impl<O: Operator> TaskDriver<O> {
         for action in actions.drain(..) {
             match action {
                 Action::Backup { seq, scope } => {
-                    self.entries.clear();
-                    self.operator.backup(seq, scope, &mut self.entries);
+                    let mut entries = self.spare.pop().unwrap_or_default();
+                    entries.clear();
+                    self.operator.backup(seq, scope, &mut entries);
                     if self.faults.skip_backups {
-                        self.entries.clear();
+                        entries.clear();
                     }
                     self.stats.backups += 1;
-                    self.stats.backup_entries += self.entries.len() as u64;
-                    self.stats.backup_bytes += self.entries.iter().map(|e| e.encoded_len() as u64).sum::<u64>();
-                    self.held = Some(seq);
+                    self.stats.backup_entries += entries.len() as u64;
+                    self.stats.backup_bytes += entries.iter().map(|e| e.encoded_len() as u64).sum::<u64>();
+                    self.held.push_back((seq, entries));
                 }
                 Action::SendBackup { seq } => {
-                    if self.held == Some(seq) {
-                        self.held = None;
-                        io.write_backup(seq, &self.entries);
+                    if let Some(entries) = self.take_held(seq) {
+                        io.write_backup(seq, &entries);
+                        self.spare.push(entries);
                     }
+                }
+                Action::AbandonBackup { seq } => {
+                    if let Some(entries) = self.take_held(seq) {
+                        self.spare.push(entries);
+                    }
+                    self.operator.fail_backup(seq);
                 }
                 Action::Marker(marker) => {
                     self.stats.markers += 1;
@@ -399,5 +409,11 @@ impl<O: Operator> TaskDriver<O> {
             }
         }
         self.actions = actions;
+    }
+
+    /// The held entries of backup `seq` (the oldest, as backups go out in order).
+    fn take_held(&mut self, seq: u64) -> Option<Vec<BackupEntry>> {
+        let index = self.held.iter().position(|(s, _)| *s == seq)?;
+        self.held.remove(index).map(|(_, entries)| entries)
     }
 }

@@ -52,8 +52,9 @@ pub trait Operator {
         true
     }
 
-    /// The divergence of the live state from the last acknowledged backup, kept up to
-    /// date incrementally.
+    /// The divergence of the live state from the last backup issued, kept up to
+    /// date incrementally. Backups may be in flight: the changelog is gapless, so
+    /// a marker that reached the log has every backup issued before it there.
     fn divergence(&self) -> f64;
 
     /// How the divergence is measured; decides whether thresholds are split across
@@ -63,8 +64,9 @@ pub trait Operator {
     /// The task's current θ (partial backups of max-difference states use it).
     fn set_theta(&mut self, theta: f64);
 
-    /// Appends the entries of backup `seq` to `out`. The divergence keeps counting
-    /// from the previous acknowledged backup until [`Operator::acknowledge_backup`].
+    /// Appends the entries of backup `seq` to `out`; the divergence counts from
+    /// this backup from now on. Should it fail ([`Operator::fail_backup`]), its
+    /// entries are owed to the next backup.
     fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>);
 
     /// Backup `seq` and all earlier ones reached the store.

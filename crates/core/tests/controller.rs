@@ -96,14 +96,26 @@ fn backs_up_when_divergence_crosses_theta_and_not_before() {
         11,
         "the marker goes right behind the entries"
     );
+    // Backups do not wait for each other: the divergence counts from the last
+    // one issued, acknowledged or not.
     actions.clear();
     one_item(&mut c, 11, 0, 12.0, 0, &mut actions);
-    assert!(backups(&actions).is_empty(), "one backup open at a time");
-    // The trigger waited: once the open backup's entries are acknowledged, the
-    // next backup covers both items.
-    c.backup_written(1, &mut actions);
     assert_eq!(backups(&actions), vec![(3, BackupScope::Drifted)]);
     assert_eq!(markers(&actions)[0].input_offset, 12);
+    // At most four are in flight: a fifth trigger waits for one to close, and
+    // its backup then covers every item since.
+    actions.clear();
+    for offset in 12..16 {
+        one_item(&mut c, offset, 0, 12.0, 0, &mut actions);
+    }
+    assert_eq!(
+        backups(&actions),
+        vec![(5, BackupScope::Drifted), (7, BackupScope::Drifted)]
+    );
+    actions.clear();
+    c.backup_written(1, &mut actions);
+    assert_eq!(backups(&actions), vec![(9, BackupScope::Drifted)]);
+    assert_eq!(markers(&actions)[0].input_offset, 16);
 }
 
 #[test]
@@ -176,19 +188,30 @@ fn a_backup_for_l_within_theta_writes_only_what_is_owed_and_a_later_theta_trigge
     let [(open, BackupScope::Owed)] = backups(&actions)[..] else {
         panic!("{actions:?}")
     };
-    // While it is open, l comes due again within θ, θ is crossed, then l again:
-    // the deferred backup writes the drift.
+    // Backups for l do not wait for the one in flight.
     actions.clear();
-    for offset in 20..30 {
+    for offset in 20..40 {
         one_item(&mut c, offset, 0, 5.0, 0, &mut actions);
     }
-    one_item(&mut c, 30, 0, 11.0, 0, &mut actions);
-    for offset in 31..35 {
+    assert_eq!(
+        backups(&actions)[..],
+        [(open + 2, BackupScope::Owed), (open + 4, BackupScope::Owed)],
+        "{actions:?}"
+    );
+    // With four in flight, l comes due within θ, θ is crossed, then l again:
+    // the backup that waited for one to close writes the drift.
+    one_item(&mut c, 40, 0, 11.0, 0, &mut actions);
+    actions.clear();
+    for offset in 41..51 {
         one_item(&mut c, offset, 0, 5.0, 0, &mut actions);
     }
-    assert!(backups(&actions).is_empty(), "one backup open at a time");
+    one_item(&mut c, 51, 0, 11.0, 0, &mut actions);
+    for offset in 52..62 {
+        one_item(&mut c, offset, 0, 5.0, 0, &mut actions);
+    }
+    assert!(backups(&actions).is_empty(), "four in flight: {actions:?}");
     c.backup_written(open, &mut actions);
-    assert_eq!(backups(&actions)[..], [(open + 2, BackupScope::Drifted)], "{actions:?}");
+    assert_eq!(backups(&actions)[..], [(open + 8, BackupScope::Drifted)], "{actions:?}");
 }
 
 #[test]
@@ -263,18 +286,36 @@ fn a_failed_backup_is_issued_again_at_once() {
     let mut c = running(config(Mode::Approximate, 20.0, 1000, 100));
     let mut actions = Vec::new();
     one_item(&mut c, 0, 0, 11.0, 0, &mut actions);
-    one_item(&mut c, 1, 0, 12.0, 0, &mut actions);
     let [(seq, _)] = backups(&actions)[..] else {
         panic!("{actions:?}")
     };
     let failed_marker = markers(&actions)[0];
+    // A second backup in flight behind it, and a third taken but held back by
+    // an output.
+    one_item(&mut c, 1, 0, 12.0, 0, &mut actions);
+    let (behind, _) = backups(&actions)[1];
+    one_item(&mut c, 2, 1, 0.0, 0, &mut actions);
+    one_item(&mut c, 3, 0, 12.0, 0, &mut actions);
+    let (held, _) = backups(&actions)[2];
+    assert!(!actions.contains(&Action::SendBackup { seq: held }), "{actions:?}");
     actions.clear();
     c.backup_failed(seq, &mut actions);
+    assert_eq!(
+        actions,
+        vec![Action::AbandonBackup { seq: held }],
+        "the held backup was measured from the failed one: abandoned, and nothing goes out while a write is in flight"
+    );
+    actions.clear();
+    one_item(&mut c, 4, 0, 20.0, 0, &mut actions);
+    assert!(backups(&actions).is_empty(), "{actions:?}");
+    // The gapless log fails the write behind it too; then a new backup goes out.
+    c.backup_failed(behind, &mut actions);
     let again = backups(&actions);
     assert_eq!(again.len(), 1, "{actions:?}");
+    c.outputs_acknowledged(2, 1, &mut actions);
     assert_eq!(
         markers(&actions)[0].input_offset,
-        2,
+        5,
         "the new backup covers what it sees now"
     );
     // The marker behind the failed entries never counts, even if acknowledged.
@@ -286,7 +327,7 @@ fn a_failed_backup_is_issued_again_at_once() {
     c.backup_written(seq, &mut actions);
     assert!(actions.is_empty());
     complete_backup(&mut c, again[0].0);
-    assert_eq!(c.marked().offset, 2);
+    assert_eq!(c.marked().offset, 5);
 }
 
 #[test]
@@ -351,20 +392,22 @@ fn exact_mode_backs_up_completely_every_interval() {
     one_item(&mut c, 3, 0, 0.0, 0, &mut actions);
     one_item(&mut c, 4, 0, 0.0, 0, &mut actions);
     one_item(&mut c, 5, 0, 0.0, 0, &mut actions);
-    assert!(
-        backups(&actions).is_empty(),
-        "the next interval's backup waits for the open one"
-    );
+    let [(next, BackupScope::Complete)] = backups(&actions)[..] else {
+        panic!("the next interval's backup is complete too, taken now: {actions:?}")
+    };
+    assert!(markers(&actions).is_empty(), "both wait for item 0's output");
     c.outputs_acknowledged(0, 1, &mut actions);
-    assert!(actions.contains(&Action::SendBackup { seq }));
-    assert_eq!(markers(&actions)[0].input_offset, 3, "right behind its entries");
-    assert!(backups(&actions).is_empty(), "its entries are not acknowledged yet");
-    c.backup_written(seq, &mut actions);
+    let sent: Vec<&Action> = actions
+        .iter()
+        .filter(|a| matches!(a, Action::SendBackup { .. }))
+        .collect();
     assert_eq!(
-        backups(&actions).iter().map(|b| b.1).collect::<Vec<_>>(),
-        vec![BackupScope::Complete],
-        "the deferred one is complete too"
+        sent,
+        [&Action::SendBackup { seq }, &Action::SendBackup { seq: next }],
+        "in the order taken"
     );
+    let covered: Vec<u64> = markers(&actions).iter().map(|m| m.input_offset).collect();
+    assert_eq!(covered, [3, 6], "each right behind its entries");
     assert_eq!(c.thresholds().items, 6, "the window is two intervals");
 }
 
@@ -614,8 +657,11 @@ fn a_backups_entries_go_out_only_after_the_outputs_it_covers_are_acknowledged() 
         1,
         "the marker goes right behind the entries: {actions:?}"
     );
-    let acks = complete_backup(&mut c, seq);
-    assert_eq!(commits(&acks), vec![2], "the marker covers items 0 and 1");
+    let marker = markers(&actions)[0].seq;
+    actions.clear();
+    c.backup_written(seq, &mut actions);
+    c.marker_written(marker, &mut actions);
+    assert_eq!(commits(&actions), vec![2], "the marker covers items 0 and 1");
 }
 
 #[test]

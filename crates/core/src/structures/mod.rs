@@ -1,5 +1,6 @@
 //! Fault-tolerant structures: state containers that know their divergence from the
-//! last acknowledged backup and write only what a backup needs.
+//! last backup issued and write only what a backup needs (a failed backup's
+//! entries are owed to the next one).
 //!
 //! | structure | divergences | backup unit |
 //! | --- | --- | --- |
@@ -89,7 +90,7 @@ use crate::error::CoreError;
 pub trait Tracked {
     /// The tag that prefixes this structure's entry keys.
     fn tag(&self) -> u8;
-    /// Divergence from the last acknowledged backup.
+    /// Divergence from the last backup issued.
     fn divergence(&self) -> f64;
     /// The task's current θ (only max-difference structures use it).
     fn set_theta(&mut self, theta: f64);

@@ -10,18 +10,19 @@ use crate::entry::{entry_key, versioned, BackupEntry};
 use crate::error::CoreError;
 
 /// A set whose divergence is the number of members added or removed since the last
-/// acknowledged backup: the member-count difference for sets that only grow, and an
+/// backup issued: the member-count difference for sets that only grow, and an
 /// upper bound of it otherwise. A removed member is backed up as a deletion.
 #[derive(Clone, Debug)]
 pub struct TrackedSet<K: TableKey> {
     tag: u8,
     members: FxHashSet<K>,
-    /// Members whose presence differs from the last acknowledged backup.
+    /// Members whose presence differs from the last backup issued.
     changed: FxHashSet<K>,
     /// Members a failed backup wrote: the store may hold them although the write
     /// was reported failed, so the next backup writes them again.
     owed: FxHashSet<K>,
-    pending: VecDeque<(u64, Vec<(K, bool)>)>,
+    /// Backups in flight and the members they wrote (owed again should one fail).
+    pending: VecDeque<(u64, Vec<K>)>,
 }
 
 impl<K: TableKey> TrackedSet<K> {
@@ -105,24 +106,17 @@ impl<K: TableKey> Tracked for TrackedSet<K> {
                 key,
                 value: present.then(|| versioned(&[])),
             });
-            snapshot.push((member.clone(), present));
+            snapshot.push(member.clone());
         }
         self.owed.clear();
+        // Measured from the last backup issued (see `DriftSlots`).
+        self.changed.clear();
         self.pending.push_back((seq, snapshot));
     }
 
     fn acknowledge(&mut self, seq: u64) {
         while self.pending.front().is_some_and(|(s, _)| *s <= seq) {
-            let Some((_, snapshot)) = self.pending.pop_front() else {
-                break;
-            };
-            for (member, present) in snapshot {
-                if self.members.contains(&member) == present {
-                    self.changed.remove(&member);
-                } else {
-                    self.changed.insert(member);
-                }
-            }
+            self.pending.pop_front();
         }
     }
 
@@ -133,7 +127,7 @@ impl<K: TableKey> Tracked for TrackedSet<K> {
             return;
         };
         if let Some((_, snapshot)) = self.pending.remove(position) {
-            self.owed.extend(snapshot.into_iter().map(|(member, _)| member));
+            self.owed.extend(snapshot);
         }
     }
 

@@ -1,10 +1,16 @@
 //! The drift-tracking engine shared by vectors and hash tables.
 //!
-//! Every slot holds its live value beside the value of the last *acknowledged*
-//! backup, so the divergence can be kept up to date on every update (D' = D + Δ)
-//! with no rescan. A backup snapshots the entries it writes; the baseline moves to
-//! that snapshot only when the backup is acknowledged, and does not move at all if
-//! it fails, which is what the Kafka mapping requires.
+//! Every slot holds its live value beside the value of the last backup *issued*
+//! that wrote it, so the divergence can be kept up to date on every update
+//! (D' = D + Δ) with no rescan. A backup snapshots the entries it writes and the
+//! baseline moves to that snapshot at once: several backups may be in flight,
+//! and the changelog is gapless (a write that fails fails every write behind
+//! it), so a marker in the log has every backup issued before it in the log,
+//! and the state it logs is the baseline as it was when the marker was issued.
+//! A backup that fails may still have reached the log, or not: its slots are
+//! owed, and the next backup writes them whatever their drift (the controller
+//! issues one at once), so the first marker that counts after a failure has
+//! them logged at their live values.
 
 use std::collections::VecDeque;
 
@@ -13,7 +19,7 @@ use super::Norm;
 
 const DIRTY: u8 = 1; // changed since it was last included in a backup (L1, L2, key count)
 const OVER: u8 = 2; // |live - backed| > θ·WRITE_FRACTION (max difference): written by the next backup
-const PRESENT: u8 = 4; // included in an acknowledged backup (key count)
+const PRESENT: u8 = 4; // included in a backup issued (key count)
 const OWED: u8 = 8; // written by a backup that failed (or in flight at a crash), so possibly in the store
 const CHANGED: u8 = 16; // store-backed: changed since it was last staged for the local store
 const PINNED: u8 = 32; // store-backed, transient: held by a backup in flight
@@ -31,15 +37,15 @@ struct Slot {
     backed: f64,
 }
 
+/// A backup in flight: what it wrote, owed again should it fail.
 #[derive(Clone, Debug)]
 struct Pending {
     seq: u64,
-    complete: bool,
     values: Vec<(u32, f64)>,
 }
 
-/// Dense slots with a divergence kept incrementally against the last acknowledged
-/// backup.
+/// Dense slots with a divergence kept incrementally against the last backup
+/// issued.
 #[derive(Clone, Debug)]
 pub struct DriftSlots {
     norm: Norm,
@@ -57,9 +63,6 @@ pub struct DriftSlots {
     over_max: f64,
     /// Max difference: an upper bound of |d| over the slots not flagged.
     running_max: f64,
-    /// Max difference: the largest |d| written since the last complete backup was
-    /// issued; becomes `running_max` when that backup is acknowledged.
-    since_complete: f64,
     theta: f64,
     pending: VecDeque<Pending>,
     /// Store-backed structures only: slots to stage for the local store, and
@@ -73,15 +76,16 @@ pub struct DriftSlots {
 
 /// A slot as the local store keeps it: the live value, and while it differs from
 /// (or may differ from) the last acknowledged backup, what drift tracking needs to
-/// go on exactly after a restart.
+/// go on after a restart (such a slot is owed to the next backup).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StoredSlot {
     pub live: f64,
     pub drift: Option<StoredDrift>,
 }
 
-/// The baseline of a slot that is not clean: its last acknowledged backup value,
-/// and whether an acknowledged backup holds the key at all (key-count tables).
+/// The baseline of a slot that is not clean: the value of the last backup issued
+/// that wrote it, and whether a backup issued holds the key at all (key-count
+/// tables).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StoredDrift {
     pub backed: f64,
@@ -100,7 +104,6 @@ impl DriftSlots {
             sum: 0.0,
             over_max: 0.0,
             running_max: 0.0,
-            since_complete: 0.0,
             theta: f64::INFINITY,
             pending: VecDeque::new(),
             tracking: false,
@@ -187,7 +190,6 @@ impl DriftSlots {
             Norm::Max => {
                 let drift = (value - backed).abs();
                 self.running_max = self.running_max.max(drift);
-                self.since_complete = self.since_complete.max(drift);
                 if drift > self.write_threshold() || self.has(index, OVER) {
                     self.update_over(index, (old - backed).abs(), drift);
                 }
@@ -274,7 +276,7 @@ impl DriftSlots {
             .fold(0.0, f64::max)
     }
 
-    /// The divergence from the last acknowledged backup.
+    /// The divergence from the last backup issued.
     ///
     /// Exact for L1, L2 and key count. For the max difference it is exact whenever
     /// it exceeds θ (the only case that triggers a backup) and otherwise an upper
@@ -359,7 +361,8 @@ impl DriftSlots {
                         .map(|(i, slot)| (i as u32, slot.live)),
                 );
                 self.take_owed(&mut values, true);
-                self.since_complete = 0.0;
+                // Every slot that differs is written: none drifts once rebased.
+                self.running_max = 0.0;
             }
             _ => {
                 // Owed slots are dirty too, unless an owed-only backup wrote
@@ -382,8 +385,17 @@ impl DriftSlots {
                 self.dirty.clear();
             }
         }
-        let complete = scope == BackupScope::Complete;
-        self.pending.push_back(Pending { seq, complete, values });
+        // The baseline moves now: the next backup is measured from this one (see
+        // the module docs for why that holds while it is in flight).
+        for &(index, value) in &values {
+            self.rebase(index, value);
+        }
+        if self.norm == Norm::Max {
+            let flags = &self.flags;
+            self.over.retain(|&i| flags[i as usize] & OVER != 0);
+            self.over_max = self.largest_over_drift();
+        }
+        self.pending.push_back(Pending { seq, values });
         self.pending.back().map(|p| p.values.as_slice()).unwrap_or_default()
     }
 
@@ -406,24 +418,15 @@ impl DriftSlots {
         }
     }
 
-    /// Moves the baseline to every pending backup up to and including `seq`.
+    /// Every pending backup up to and including `seq` reached the log: its
+    /// slots are no longer in flight (a store-backed slot is staged again, now
+    /// clean).
     pub fn acknowledge(&mut self, seq: u64) {
         while self.pending.front().is_some_and(|p| p.seq <= seq) {
             let Some(done) = self.pending.pop_front() else { break };
-            let later_complete = self.pending.iter().any(|p| p.complete);
-            if done.complete && !later_complete && self.norm == Norm::Max {
-                // Every slot not written since the snapshot now equals its backup;
-                // the written ones are measured again as they are rebased.
-                self.running_max = self.since_complete;
+            for (index, _) in done.values {
+                self.mark_changed(index);
             }
-            for (index, value) in done.values {
-                self.rebase(index, value);
-            }
-        }
-        if self.norm == Norm::Max {
-            let flags = &self.flags;
-            self.over.retain(|&i| flags[i as usize] & OVER != 0);
-            self.over_max = self.largest_over_drift();
         }
     }
 
@@ -458,8 +461,8 @@ impl DriftSlots {
         }
     }
 
-    /// Forgets a pending backup that the store refused: the baseline stays where
-    /// it was, and its slots are owed to the next backup.
+    /// Forgets a pending backup that the store refused: the log may hold what it
+    /// wrote or the values before, so its slots are owed to the next backup.
     pub fn fail(&mut self, seq: u64) {
         let Some(position) = self.pending.iter().position(|p| p.seq == seq) else {
             return;
@@ -468,8 +471,8 @@ impl DriftSlots {
             return;
         };
         // The store may hold what the failed backup wrote (a timed-out write can
-        // still land), so every slot it wrote is owed again, even one whose drift
-        // from the acknowledged baseline is now small.
+        // still land) or what was there before it, so every slot it wrote is owed
+        // again, even one whose drift from the baseline is now small.
         for (index, _) in failed.values {
             self.mark_changed(index);
             self.owe(index);
@@ -537,7 +540,6 @@ impl DriftSlots {
                     }
                     Norm::Max => {
                         self.running_max = self.running_max.max(d.abs());
-                        self.since_complete = self.since_complete.max(d.abs());
                         self.owe(index);
                         if d.abs() > self.write_threshold() {
                             self.update_over(index, 0.0, d.abs());

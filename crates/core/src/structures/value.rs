@@ -5,14 +5,15 @@ use super::{check_tag, Tracked};
 use crate::entry::{decode_f64, encode_f64, entry_key, BackupEntry};
 use crate::error::CoreError;
 
-/// One number whose divergence is the absolute difference from its backup.
+/// One number whose divergence is the absolute difference from its last backup
+/// issued.
 #[derive(Clone, Debug)]
 pub struct TrackedValue {
     tag: u8,
     live: f64,
     backed: f64,
-    /// The values of backups in flight, oldest first.
-    pending: Vec<(u64, f64)>,
+    /// Backups in flight that wrote the value, oldest first.
+    pending: Vec<u64>,
     /// A failed backup wrote the value: the store may hold it, so the next backup
     /// writes the value again even if it equals the baseline.
     owed: bool,
@@ -62,12 +63,13 @@ impl Tracked for TrackedValue {
     fn set_theta(&mut self, _theta: f64) {}
 
     fn backup(&mut self, seq: u64, _scope: BackupScope, out: &mut Vec<BackupEntry>) {
-        let unchanged = self.pending.last().map_or(self.backed, |&(_, v)| v) == self.live;
-        if unchanged && !self.owed {
+        if self.backed == self.live && !self.owed {
             return;
         }
         self.owed = false;
-        self.pending.push((seq, self.live));
+        // Measured from the last backup issued (see `DriftSlots`).
+        self.backed = self.live;
+        self.pending.push(seq);
         out.push(BackupEntry {
             key: entry_key(self.tag, &[]),
             value: Some(encode_f64(self.live)),
@@ -75,16 +77,12 @@ impl Tracked for TrackedValue {
     }
 
     fn acknowledge(&mut self, seq: u64) {
-        let done = self.pending.iter().take_while(|(s, _)| *s <= seq).count();
-        if let Some(&(_, value)) = self.pending[..done].last() {
-            self.backed = value;
-        }
-        self.pending.drain(..done);
+        self.pending.retain(|&s| s > seq);
     }
 
     fn fail(&mut self, seq: u64) {
         let before = self.pending.len();
-        self.pending.retain(|(s, _)| *s != seq);
+        self.pending.retain(|&s| s != seq);
         self.owed |= self.pending.len() != before;
     }
 
