@@ -187,6 +187,8 @@ pub struct ControllerConfig {
     pub constants: AnalysisConstants,
     /// Stamped on every marker: the identity of the task's local store (0: none).
     pub writer: u64,
+    /// Backups in flight at most (see [`DEFAULT_MAX_BACKUPS_IN_FLIGHT`]).
+    pub max_backups_in_flight: usize,
     faults: ControllerFaults,
 }
 
@@ -197,6 +199,7 @@ impl ControllerConfig {
             policy,
             constants,
             writer: 0,
+            max_backups_in_flight: DEFAULT_MAX_BACKUPS_IN_FLIGHT,
             faults: ControllerFaults::default(),
         }
     }
@@ -204,6 +207,15 @@ impl ControllerConfig {
     /// Markers will name `writer` (a local store's identity) as their author.
     pub fn with_writer(self, writer: u64) -> Self {
         ControllerConfig { writer, ..self }
+    }
+
+    /// At most this many backups in flight (at least one; one is how the
+    /// controller worked before backups were pipelined, kept for comparison).
+    pub fn with_max_backups_in_flight(self, backups: usize) -> Self {
+        ControllerConfig {
+            max_backups_in_flight: backups.max(1),
+            ..self
+        }
     }
 
     /// Turns on test-only faults.
@@ -239,6 +251,7 @@ pub struct TaskController {
     constants: AnalysisConstants,
     writer: u64,
     faults: ControllerFaults,
+    max_open: usize,
     failures: u32,
     /// Where the latest failures resumed; the recovering policy counts those
     /// within its window.
@@ -282,12 +295,13 @@ pub struct TaskController {
 /// produce request) each.
 const BACKUPS_PER_WINDOW: u64 = 4;
 
-/// Backups in flight at most. A trigger beyond them waits for one to close and
-/// the backup then covers more items: where θ is tiny (after many failures) the
-/// changelog is an every-change changelog coalesced over a quarter of a round
-/// trip, never a backup per item. Four keep a marker coming back every quarter
-/// of a round trip, as many as the backups for l ask for.
-const MAX_OPEN_BACKUPS: usize = 4;
+/// Backups in flight at most, unless configured otherwise. A trigger beyond them
+/// waits for one to close and the backup then covers more items: where θ is
+/// tiny (after many failures) the changelog is an every-change changelog
+/// coalesced over a quarter of a round trip, never a backup per item. Four keep
+/// a marker coming back every quarter of a round trip, as many as the backups
+/// for l ask for.
+pub const DEFAULT_MAX_BACKUPS_IN_FLIGHT: usize = 4;
 
 /// The scope that writes at least what either writes.
 fn widest(a: BackupScope, b: BackupScope) -> BackupScope {
@@ -322,6 +336,7 @@ impl TaskController {
             constants: config.constants,
             writer: config.writer,
             faults: config.faults,
+            max_open: config.max_backups_in_flight.max(1),
             failures: plan.failures,
             recent: plan.recent,
             next_expiry: u64::MAX,
@@ -530,7 +545,7 @@ impl TaskController {
     /// first would cover a quarter of a run that fills the window, and the rest
     /// would wait for its round trips.
     pub fn run_ended(&mut self, actions: &mut Vec<Action>) {
-        if self.phase != Phase::Running || self.after_failure || self.open.len() >= MAX_OPEN_BACKUPS {
+        if self.phase != Phase::Running || self.after_failure || self.open.len() >= self.max_open {
             return;
         }
         // An owed-only scope is still enough: had the divergence passed θ since,
@@ -567,7 +582,7 @@ impl TaskController {
         if self.phase != Phase::Running {
             return;
         }
-        if self.after_failure || self.open.len() >= MAX_OPEN_BACKUPS {
+        if self.after_failure || self.open.len() >= self.max_open {
             self.defer(scope);
         } else {
             self.issue_backup(scope, false, actions);

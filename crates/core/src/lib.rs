@@ -23,7 +23,9 @@ pub mod structures;
 pub mod thresholds;
 pub mod workloads;
 
-pub use controller::{Action, Blocked, ControllerConfig, ControllerFaults, Position, TaskController};
+pub use controller::{
+    Action, Blocked, ControllerConfig, ControllerFaults, Position, TaskController, DEFAULT_MAX_BACKUPS_IN_FLIGHT,
+};
 pub use driver::{Ack, DriverFaults, DriverStats, TaskDriver, TaskIo};
 pub use entry::{BackupEntry, EntryBytes};
 pub use error::CoreError;

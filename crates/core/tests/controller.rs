@@ -685,3 +685,20 @@ fn an_acknowledgement_of_a_marker_never_written_changes_nothing() {
         "the start marker's own acknowledgement still counts"
     );
 }
+
+#[test]
+fn one_backup_in_flight_when_so_configured_makes_a_trigger_wait_for_it() {
+    let config = config(Mode::Approximate, 20.0, 1000, 100).with_max_backups_in_flight(1);
+    let mut c = running(config);
+    let mut actions = Vec::new();
+    one_item(&mut c, 0, 0, 11.0, 0, &mut actions);
+    let [(seq, BackupScope::Drifted)] = backups(&actions)[..] else {
+        panic!("{actions:?}")
+    };
+    actions.clear();
+    one_item(&mut c, 1, 0, 12.0, 0, &mut actions);
+    assert!(backups(&actions).is_empty(), "one in flight: {actions:?}");
+    c.backup_written(seq, &mut actions);
+    assert_eq!(backups(&actions), vec![(seq + 2, BackupScope::Drifted)]);
+    assert_eq!(markers(&actions)[0].input_offset, 2, "it covers the item that waited");
+}
