@@ -7,12 +7,12 @@ mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use afstream::core::{AnalysisConstants, FailurePolicy, GlobalThresholds, Operator, Placement, ThresholdPolicy};
 use afstream::operators::{HeavyHitterConfig, HeavyHitters, HitterThreshold, WordCount, WordCountConfig};
 use afstream::service::demo::logged_recoveries;
-use afstream::service::produce::{produce, produce_from, text_records, InputRecord, ProduceOptions};
+use afstream::service::produce::{produce, text_records, InputRecord};
 use common::{latest_by_key, log_lines, test_dir, unique, Broker, Service};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -155,6 +155,8 @@ fn word_count_without_failures_matches_the_core_library() {
 #[cfg(feature = "fault-injection")]
 #[test]
 fn records_fetched_while_other_tasks_start_are_all_processed() {
+    use afstream::service::produce::{produce_from, ProduceOptions};
+    use std::time::Instant;
     let dir = test_dir("slow-start");
     let broker = Broker::start(&dir);
     let p = pipeline(
@@ -300,6 +302,54 @@ fn word_count_survives_three_sigkills_within_the_bound() {
         "L1 error {error} over the logged bounds {logged}"
     );
     assert!(log_lines(&service.log, "task stopped cleanly").len() == 1);
+}
+
+/// A broker that fails the changelog reads of a restore (the injected
+/// failures time out as a metadata request does) delays the task; the restore
+/// reads the changelog again into a fresh state and the answer stays within
+/// the bound of the one failure.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_restore_whose_changelog_reads_fail_reads_it_again_and_stays_within_the_bound() {
+    let dir = test_dir("restore-retry");
+    let broker = Broker::start(&dir);
+    let thresholds = (400.0, 400, 1000);
+    let p = pipeline(
+        &dir,
+        &broker,
+        "restore-retry",
+        "text",
+        &word_count_operator(),
+        thresholds,
+    );
+    let lines = text_records(10_000, 12);
+    produce(&broker.kafka(), &p.input, 1, &lines).expect("produce the lines");
+    let exact = exact_word_counts(&lines);
+    let total_outputs: f64 = exact.values().sum();
+    kill_after_outputs(&broker, &p, "killed.log", (total_outputs * 0.4) as i64);
+
+    let failures = afstream::service::runner::FAULT_RESTORE_FAILURES;
+    let mut service = Service::start_with_env(&p.config, &dir.join("final.log"), true, &[(failures, "2")]);
+    let status = service.wait(
+        RUN_DEADLINE,
+        "processing the input to its end after a restore read three times",
+    );
+    assert!(
+        status.success(),
+        "afstream run failed ({status}); log:\n{}",
+        common::tail(&service.log)
+    );
+    let retries = log_lines(&service.log, "restoring from the changelog failed; reading it again");
+    assert_eq!(retries.len(), 2, "{retries:?}\n{}", common::tail(&service.log));
+    assert_eq!(log_lines(&service.log, "recovered from a failure").len(), 1);
+
+    let counts = output_counts(&broker, &p.output);
+    let error = l1_error(&counts, &exact);
+    let bound = word_count_bound(thresholds, 1);
+    assert!(
+        error <= bound,
+        "L1 error {error} over the bound {bound} of the one failure"
+    );
 }
 
 #[test]

@@ -40,6 +40,10 @@ use crate::core::{
 const START_OFFSET: u64 = 0;
 /// Changelog records a restore applies (and writes to the local store) at a time.
 const RESTORE_CHUNK: usize = 10_000;
+/// Reads of a changelog a restore makes before it gives up, the first retry
+/// after `RESTORE_RETRY_WAIT`, each later one after twice the wait before.
+const RESTORE_ATTEMPTS: u32 = 4;
+const RESTORE_RETRY_WAIT: Duration = Duration::from_millis(500);
 /// Records a task takes from its partition queue at a time.
 const POLL_BATCH: usize = 500;
 /// The shortest and longest sleep of an idle loop round.
@@ -195,6 +199,30 @@ struct Parked {
 struct Stores {
     root: PathBuf,
     budget: StoreBudget,
+}
+
+/// Set in the environment of a build with the `fault-injection` feature to N,
+/// the first N reads of a changelog for a restore fail as a broker that times
+/// out does.
+#[cfg(feature = "fault-injection")]
+pub const FAULT_RESTORE_FAILURES: &str = "AFSTREAM_FAULT_RESTORE_FAILURES";
+
+/// A changelog read that the fault-injection switch fails, if it does.
+fn injected_restore_failure() -> Option<KafkaSetupError> {
+    #[cfg(feature = "fault-injection")]
+    {
+        static INJECTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let failures: u32 = std::env::var(FAULT_RESTORE_FAILURES)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if INJECTED.fetch_add(1, Ordering::Relaxed) < failures {
+            return Some(KafkaSetupError::Kafka(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::OperationTimedOut,
+            )));
+        }
+    }
+    None
 }
 
 /// Set in the environment of a build with the `fault-injection` feature, it
@@ -1125,26 +1153,69 @@ impl<O: ServiceOperator> Task<O> {
             );
         } else {
             let started = Instant::now();
-            let streamed = loader
-                .stream(partition, None, RESTORE_CHUNK, |entries| {
-                    operator.restore(entries).map_err(|e| e.to_string())?;
-                    if let Some((store, meta)) = &assigned.store {
-                        // Written as it is read, so memory holds one chunk; the
-                        // offset is the one the task resumes at.
-                        operator.stage_state();
-                        let meta = StoreMeta {
-                            next_offset: plan.resume_offset,
-                            ..meta.clone()
-                        };
-                        store.write(&meta).map_err(|e| e.to_string())?;
-                        operator.state_durable();
+            let mut attempt = 1;
+            let streamed = loop {
+                // Set when the state refused what was read: reading again
+                // would not help.
+                let mut refused = false;
+                let streamed = injected_restore_failure().map_or_else(
+                    || {
+                        loader.stream(partition, None, RESTORE_CHUNK, |entries| {
+                            let applied = operator.restore(entries).map_err(|e| e.to_string()).and_then(|()| {
+                                if let Some((store, meta)) = &assigned.store {
+                                    // Written as it is read, so memory holds one chunk; the
+                                    // offset is the one the task resumes at.
+                                    operator.stage_state();
+                                    let meta = StoreMeta {
+                                        next_offset: plan.resume_offset,
+                                        ..meta.clone()
+                                    };
+                                    store.write(&meta).map_err(|e| e.to_string())?;
+                                    operator.state_durable();
+                                }
+                                Ok(())
+                            });
+                            refused = applied.is_err();
+                            applied
+                        })
+                    },
+                    Err,
+                );
+                match streamed {
+                    Ok(streamed) => break streamed,
+                    Err(error) if !refused && attempt < RESTORE_ATTEMPTS => {
+                        // A broker that times out or goes away for a moment: read
+                        // the changelog again from its start into a fresh state
+                        // (later records for a key win, so what a partial read
+                        // applied, or wrote to the store, is rewritten).
+                        let wait = RESTORE_RETRY_WAIT.saturating_mul(1 << (attempt - 1));
+                        tracing::warn!(
+                            partition,
+                            attempt,
+                            of = RESTORE_ATTEMPTS,
+                            %error,
+                            retry_in_ms = wait.as_millis() as u64,
+                            "restoring from the changelog failed; reading it again"
+                        );
+                        std::thread::sleep(wait);
+                        attempt += 1;
+                        operator = O::for_partition(
+                            operator_config,
+                            partition as u32,
+                            assigned
+                                .store
+                                .as_ref()
+                                .map(|(store, _)| (store.key_store(), resident_keys)),
+                        )?;
                     }
-                    Ok(())
-                })
-                .map_err(|e| ServiceError::Task {
-                    partition,
-                    message: format!("restoring from the changelog: {e}"),
-                })?;
+                    Err(error) => {
+                        return Err(ServiceError::Task {
+                            partition,
+                            message: format!("restoring from the changelog (attempt {attempt}): {error}"),
+                        })
+                    }
+                }
+            };
             restored_records = streamed.records;
             changelog_end = Some(streamed.end_offset);
             restore_seconds += started.elapsed().as_secs_f64();
