@@ -526,6 +526,11 @@ fn metrics_show_progress_thresholds_and_starts() {
     assert!(value("afstream_backups_total", &[]) > 0.0);
     assert!(value("afstream_markers_total", &[]) > 0.0);
     assert!(value("afstream_items_past_marker", &[]) <= 500.0);
+    let round_trip = value("afstream_marker_round_trip_seconds", &[]);
+    assert!(
+        round_trip > 0.0 && round_trip < 30.0,
+        "a marker round trip of {round_trip} s"
+    );
     // The divergence may pass θ while a backup is in flight; it is there and finite.
     assert!(value("afstream_divergence", &[]).is_finite());
     // librdkafka's statistics come every 5 s: the lag behind the committed

@@ -4,6 +4,7 @@
 //! thresholds.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use metrics::{counter, gauge, Counter, Gauge};
 use metrics_exporter_prometheus::PrometheusBuilder;
@@ -140,6 +141,12 @@ pub const METRICS: &[(&str, MetricKind, &str)] = &[
         "Outputs not yet acknowledged.",
     ),
     (
+        "afstream_marker_round_trip_seconds",
+        MetricKind::Gauge,
+        "Mean time from a marker's send to its acknowledgement, over the markers acknowledged since the last update: \
+         a task takes at most about l items per round trip.",
+    ),
+    (
         "afstream_failures",
         MetricKind::Gauge,
         "Failures k the task has recovered from (persisted in its markers).",
@@ -202,8 +209,11 @@ pub struct TaskMetrics {
     outputs_threshold: Gauge,
     items_past_marker: Gauge,
     unacknowledged_outputs: Gauge,
+    marker_round_trip: Gauge,
     failures: Gauge,
     published: DriverStats,
+    /// Markers acknowledged and their total round trip, as last published.
+    published_round_trips: (u64, Duration),
     published_undecodable: u64,
 }
 
@@ -214,6 +224,8 @@ pub struct TaskPosition {
     pub items_past_marker: u64,
     pub unacknowledged_outputs: u64,
     pub failures: u32,
+    /// Markers acknowledged so far and their total round trip.
+    pub marker_round_trips: (u64, Duration),
 }
 
 impl TaskMetrics {
@@ -240,8 +252,10 @@ impl TaskMetrics {
             outputs_threshold: gauge!("afstream_outputs_threshold", &labels),
             items_past_marker: gauge!("afstream_items_past_marker", &labels),
             unacknowledged_outputs: gauge!("afstream_unacknowledged_outputs", &labels),
+            marker_round_trip: gauge!("afstream_marker_round_trip_seconds", &labels),
             failures: gauge!("afstream_failures", &labels),
             published: DriverStats::default(),
+            published_round_trips: (0, Duration::ZERO),
             published_undecodable: 0,
         }
     }
@@ -305,6 +319,13 @@ impl TaskMetrics {
         self.items_past_marker.set(position.items_past_marker as f64);
         self.unacknowledged_outputs.set(position.unacknowledged_outputs as f64);
         self.failures.set(position.failures as f64);
+        let (acknowledged, total) = position.marker_round_trips;
+        let (before, before_total) = self.published_round_trips;
+        if acknowledged > before {
+            let mean = total.saturating_sub(before_total).as_secs_f64() / (acknowledged - before) as f64;
+            self.marker_round_trip.set(mean);
+            self.published_round_trips = (acknowledged, total);
+        }
     }
 }
 

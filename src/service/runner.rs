@@ -664,7 +664,7 @@ struct Flight {
 
 /// How long markers take from the producer to their acknowledgement: input
 /// waits once l items are past the last acknowledged marker, so l must cover
-/// more than this many items (see the README's tuning notes).
+/// more than this many items (see "L sets the speed limit" in the README).
 #[derive(Clone, Debug, Default)]
 pub struct MarkerRoundTrips {
     /// Markers sent and not yet acknowledged, with when they were sent.
@@ -1132,14 +1132,18 @@ impl<O: ServiceOperator> Task<O> {
             std::thread::sleep(Duration::from_millis(ms));
         }
         let restore_error = |source| ServiceError::Restore { partition, source };
-        let mut operator = O::for_partition(
-            operator_config,
-            partition as u32,
-            assigned
-                .store
-                .as_ref()
-                .map(|(store, _)| (store.key_store(), resident_keys)),
-        )?;
+        // A fresh state, on the task's local store if it has one.
+        let new_operator = || {
+            O::for_partition(
+                operator_config,
+                partition as u32,
+                assigned
+                    .store
+                    .as_ref()
+                    .map(|(store, _)| (store.key_store(), resident_keys)),
+            )
+        };
+        let mut operator = new_operator()?;
         let plan = assigned.plan;
         let mut restored_records = 0;
         let mut changelog_end = None;
@@ -1199,14 +1203,7 @@ impl<O: ServiceOperator> Task<O> {
                         );
                         std::thread::sleep(wait);
                         attempt += 1;
-                        operator = O::for_partition(
-                            operator_config,
-                            partition as u32,
-                            assigned
-                                .store
-                                .as_ref()
-                                .map(|(store, _)| (store.key_store(), resident_keys)),
-                        )?;
+                        operator = new_operator()?;
                     }
                     Err(error) => {
                         return Err(ServiceError::Task {
@@ -1576,6 +1573,7 @@ impl<O: ServiceOperator> Task<O> {
             items_past_marker: controller.items_past_marker(),
             unacknowledged_outputs: controller.unacknowledged_outputs(),
             failures: controller.failures(),
+            marker_round_trips: (self.flight.markers.acknowledged, self.flight.markers.total),
         };
         self.metrics
             .publish(self.driver.stats(), self.batch.undecodable, &position);
