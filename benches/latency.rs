@@ -9,8 +9,10 @@
 //! Heavy hitters and logistic regression at the engine benchmark's thresholds
 //! (`benches/operators.rs`), one task, items in poll batches of 500: mode
 //! `none`, `approximate` with one backup in flight (the controller before
-//! backups were pipelined) and with the default four, side by side in one run
-//! for each round trip; medians of the rounds, each ratio to `none`.
+//! backups were pipelined) and with the default four, and with four while the
+//! outputs linger 5 ms before their round trip (as the service's outputs do;
+//! a marker waits for the outputs before it), side by side in one run for each
+//! round trip; medians of the rounds, each ratio to `none`.
 //!
 //! `cargo bench --bench latency`; AFSTREAM_BENCH_ITEMS (default 1 000 000),
 //! AFSTREAM_BENCH_ROUNDS (default 5), AFSTREAM_BENCH_RTT_US (comma-separated
@@ -29,32 +31,44 @@ use afstream::workloads;
 
 const POLL: usize = 500;
 
-/// Acknowledges every write one round trip after it, in the order written.
+/// Acknowledges every changelog write one round trip after it, and every
+/// output one round trip and the outputs' linger after it, each in the order
+/// written.
 struct DelayedIo {
     round_trip: Duration,
-    due: VecDeque<(Instant, Ack)>,
+    output_linger: Duration,
+    changelog: VecDeque<(Instant, Ack)>,
+    outputs: VecDeque<(Instant, Ack)>,
 }
 
 impl DelayedIo {
-    fn later(&mut self, ack: Ack) {
-        self.due.push_back((Instant::now() + self.round_trip, ack));
+    /// When the next acknowledgement is due.
+    fn next_due(&self) -> Option<Instant> {
+        let first = |queue: &VecDeque<(Instant, Ack)>| queue.front().map(|(at, _)| *at);
+        match (first(&self.changelog), first(&self.outputs)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 }
 
 impl<Out> TaskIo<Out> for DelayedIo {
     fn send_output(&mut self, item_offset: u64, output: Out) {
         black_box(output);
-        self.later(Ack::Output { item_offset, count: 1 });
+        let at = Instant::now() + self.round_trip + self.output_linger;
+        self.outputs.push_back((at, Ack::Output { item_offset, count: 1 }));
     }
 
     fn write_backup(&mut self, seq: u64, entries: &[BackupEntry]) {
         black_box(entries);
-        self.later(Ack::BackupWritten(seq));
+        let at = Instant::now() + self.round_trip;
+        self.changelog.push_back((at, Ack::BackupWritten(seq)));
     }
 
     fn write_marker(&mut self, marker: &BackupMarker) {
         black_box(marker.to_entry());
-        self.later(Ack::MarkerWritten(marker.seq));
+        let at = Instant::now() + self.round_trip;
+        self.changelog.push_back((at, Ack::MarkerWritten(marker.seq)));
     }
 
     fn commit(&mut self, offset: u64) {
@@ -65,10 +79,14 @@ impl<Out> TaskIo<Out> for DelayedIo {
 /// Hands the driver every acknowledgement that is due.
 fn deliver<O: Operator>(driver: &mut TaskDriver<O>, io: &mut DelayedIo) {
     let now = Instant::now();
-    while io.due.front().is_some_and(|(at, _)| *at <= now) {
-        if let Some((_, ack)) = io.due.pop_front() {
-            driver.acknowledge(ack, io);
+    let mut due = Vec::new();
+    for queue in [&mut io.outputs, &mut io.changelog] {
+        while queue.front().is_some_and(|(at, _)| *at <= now) {
+            due.extend(queue.pop_front().map(|(_, ack)| ack));
         }
+    }
+    for ack in due {
+        driver.acknowledge(ack, io);
     }
 }
 
@@ -79,7 +97,7 @@ fn run_case<O: Operator>(
     mode: Mode,
     thresholds: (f64, u64, u64),
     in_flight: usize,
-    round_trip: Duration,
+    (round_trip, output_linger): (Duration, Duration),
 ) -> (Duration, u64) {
     let (theta, l, gamma) = thresholds;
     let global = GlobalThresholds::new(theta, l, gamma).expect("valid thresholds");
@@ -88,7 +106,9 @@ fn run_case<O: Operator>(
         .with_max_backups_in_flight(in_flight);
     let mut io = DelayedIo {
         round_trip,
-        due: VecDeque::new(),
+        output_linger,
+        changelog: VecDeque::new(),
+        outputs: VecDeque::new(),
     };
     let empty = read_changelog(&[]).expect("empty changelog");
     let (mut driver, _) = TaskDriver::recover(config, operator, &empty, None, 0, 0, &mut io).expect("start");
@@ -108,7 +128,7 @@ fn run_case<O: Operator>(
         if taken == 0 {
             // Input waits: until the next acknowledgement is due (a spin, so
             // that the timer's granularity is not measured).
-            let Some(&(at, _)) = io.due.front() else {
+            let Some(at) = io.next_due() else {
                 panic!("input waits with nothing in flight")
             };
             while Instant::now() < at {
@@ -134,13 +154,22 @@ fn workload<O: Operator>(name: &str, build: impl Fn() -> O, items: &[O::Input], 
         .ok()
         .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![500, 2000]);
+    let together = DEFAULT_MAX_BACKUPS_IN_FLIGHT;
+    // (label, mode, backups in flight at most, the outputs' linger in µs)
     let cases = [
-        ("none", Mode::None, 1),
-        ("approximate, one backup in flight", Mode::Approximate, 1),
+        ("none", Mode::None, 1, 0),
+        ("approximate, one backup in flight", Mode::Approximate, 1, 0),
         (
             "approximate, backups in flight together",
             Mode::Approximate,
-            DEFAULT_MAX_BACKUPS_IN_FLIGHT,
+            together,
+            0,
+        ),
+        (
+            "approximate, backups in flight together, outputs lingering 5 ms (the service's linger.ms)",
+            Mode::Approximate,
+            together,
+            5_000,
         ),
     ];
     for &rtt_us in &round_trips {
@@ -148,8 +177,9 @@ fn workload<O: Operator>(name: &str, build: impl Fn() -> O, items: &[O::Input], 
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
         let mut task_l = 0;
         for _ in 0..rounds {
-            for (case, &(_, mode, in_flight)) in cases.iter().enumerate() {
-                let (took, l) = run_case(build(), items, mode, thresholds, in_flight, round_trip);
+            for (case, &(_, mode, in_flight, linger_us)) in cases.iter().enumerate() {
+                let delays = (round_trip, Duration::from_micros(linger_us));
+                let (took, l) = run_case(build(), items, mode, thresholds, in_flight, delays);
                 rates[case].push(items.len() as f64 / took.as_secs_f64());
                 if mode == Mode::Approximate {
                     task_l = l;
@@ -157,7 +187,7 @@ fn workload<O: Operator>(name: &str, build: impl Fn() -> O, items: &[O::Input], 
             }
         }
         let none = median(rates[0].clone());
-        for (case, &(label, _, _)) in cases.iter().enumerate() {
+        for (case, &(label, _, _, _)) in cases.iter().enumerate() {
             let rate = median(rates[case].clone());
             println!(
                 "| {name} | {rtt_us} | {label} | {rate:.0} | {:.3} | {:.0} |",
