@@ -1159,32 +1159,30 @@ impl<O: ServiceOperator> Task<O> {
             let started = Instant::now();
             let mut attempt = 1;
             let streamed = loop {
+                let mut apply = |entries: &[BackupEntry]| -> Result<(), String> {
+                    operator.restore(entries).map_err(|e| e.to_string())?;
+                    if let Some((store, meta)) = &assigned.store {
+                        // Written as it is read, so memory holds one chunk; the
+                        // offset is the one the task resumes at.
+                        operator.stage_state();
+                        let meta = StoreMeta {
+                            next_offset: plan.resume_offset,
+                            ..meta.clone()
+                        };
+                        store.write(&meta).map_err(|e| e.to_string())?;
+                        operator.state_durable();
+                    }
+                    Ok(())
+                };
                 // Set when the state refused what was read: reading again
                 // would not help.
                 let mut refused = false;
-                let streamed = injected_restore_failure().map_or_else(
-                    || {
-                        loader.stream(partition, None, RESTORE_CHUNK, |entries| {
-                            let applied = operator.restore(entries).map_err(|e| e.to_string()).and_then(|()| {
-                                if let Some((store, meta)) = &assigned.store {
-                                    // Written as it is read, so memory holds one chunk; the
-                                    // offset is the one the task resumes at.
-                                    operator.stage_state();
-                                    let meta = StoreMeta {
-                                        next_offset: plan.resume_offset,
-                                        ..meta.clone()
-                                    };
-                                    store.write(&meta).map_err(|e| e.to_string())?;
-                                    operator.state_durable();
-                                }
-                                Ok(())
-                            });
-                            refused = applied.is_err();
-                            applied
-                        })
-                    },
-                    Err,
-                );
+                let streamed = match injected_restore_failure() {
+                    Some(error) => Err(error),
+                    None => loader.stream(partition, None, RESTORE_CHUNK, |entries| {
+                        apply(entries).inspect_err(|_| refused = true)
+                    }),
+                };
                 match streamed {
                     Ok(streamed) => break streamed,
                     Err(error) if !refused && attempt < RESTORE_ATTEMPTS => {

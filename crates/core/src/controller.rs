@@ -209,11 +209,11 @@ impl ControllerConfig {
         ControllerConfig { writer, ..self }
     }
 
-    /// At most this many backups in flight (at least one; one is how the
+    /// At most this many backups in flight (0 counts as 1; one is how the
     /// controller worked before backups were pipelined, kept for comparison).
     pub fn with_max_backups_in_flight(self, backups: usize) -> Self {
         ControllerConfig {
-            max_backups_in_flight: backups.max(1),
+            max_backups_in_flight: backups,
             ..self
         }
     }
@@ -676,8 +676,9 @@ impl TaskController {
         self.faults.marker_before_outputs || self.outputs.front().is_none_or(|o| o.before.items >= position.items)
     }
 
-    /// Sends the open backup once the outputs before it are acknowledged, and
-    /// issues a backup that waited for it.
+    /// Issues the backup that waited for a failure's writes to be reported,
+    /// sends the backups whose outputs are acknowledged, and issues a backup
+    /// that waited for room (or, stopping, the final one).
     fn advance(&mut self, actions: &mut Vec<Action>) {
         if self.after_failure {
             if !self.open.is_empty() {

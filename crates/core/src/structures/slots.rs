@@ -387,8 +387,8 @@ impl DriftSlots {
         }
         // The baseline moves now: the next backup is measured from this one (see
         // the module docs for why that holds while it is in flight).
-        for &(index, value) in &values {
-            self.rebase(index, value);
+        for &(index, _) in &values {
+            self.rebase(index);
         }
         if self.norm == Norm::Max {
             let flags = &self.flags;
@@ -430,34 +430,24 @@ impl DriftSlots {
         }
     }
 
-    fn rebase(&mut self, index: u32, value: f64) {
+    /// A backup just took the slot's live value: that is its baseline now, and
+    /// it drifts no more (the caller drops it from the over-θ/2 list).
+    fn rebase(&mut self, index: u32) {
         self.mark_changed(index);
         let slot = &mut self.slots[index as usize];
-        let (live, old) = (slot.live, slot.backed);
-        slot.backed = value;
+        let drift = slot.live - slot.backed;
+        slot.backed = slot.live;
         let flags = &mut self.flags[index as usize];
         match self.norm {
-            Norm::L1 => self.sum += (live - value).abs() - (live - old).abs(),
-            Norm::L2 => self.sum += (live - value).powi(2) - (live - old).powi(2),
+            Norm::L1 => self.sum -= drift.abs(),
+            Norm::L2 => self.sum -= drift * drift,
             Norm::KeyCount => {
                 if *flags & PRESENT == 0 {
                     *flags |= PRESENT;
                     self.sum -= 1.0;
                 }
             }
-            Norm::Max => {
-                let drift = (live - value).abs();
-                // A value that moved back after the snapshot can drift again.
-                self.running_max = self.running_max.max(drift);
-                if drift > self.theta * WRITE_FRACTION {
-                    *flags |= OVER;
-                    if !self.over.contains(&index) {
-                        self.over.push(index);
-                    }
-                } else {
-                    *flags &= !OVER;
-                }
-            }
+            Norm::Max => *flags &= !OVER,
         }
     }
 
