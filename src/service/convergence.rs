@@ -231,8 +231,7 @@ pub fn run_convergence(options: &ConvergenceOptions) -> Result<ConvergenceReport
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as i64)
                 .unwrap_or_default();
-            let curve: Vec<CurvePoint> = models
-                .iter()
+            let curve: Vec<CurvePoint> = first_of_each_version(&models)
                 .map(|(at, g)| CurvePoint {
                     seconds: (at - start_ms) as f64 / 1000.0,
                     items: g.items,
@@ -315,6 +314,17 @@ fn sgd_with(sgd: DistributedSgdConfig, consistency: Consistency, workers: usize)
         workers: workers as u32,
         ..sgd
     }
+}
+
+/// The global models in the order published, each version once: a recovered
+/// averager replays its input from its marker and sends again the global
+/// models it sent after it (the same versions: a version counts the worker
+/// models averaged, and the replay averages the same ones). Those are outputs
+/// delivered twice, not the learner's progress: counted, they put early,
+/// worse models late in the curve and late into every window of the loss.
+fn first_of_each_version(models: &[(i64, GlobalModel)]) -> impl Iterator<Item = &(i64, GlobalModel)> {
+    let mut seen = std::collections::HashSet::new();
+    models.iter().filter(move |(_, g)| seen.insert(g.version))
 }
 
 /// How many of the last points the final loss averages: a tenth, at least one
@@ -672,6 +682,32 @@ mod tests {
         assert_eq!(configs[0].pipeline.input_topic, "in");
         assert_eq!(configs[0].pipeline.output_topic, "g-models");
         assert_eq!(configs[1].pipeline.output_topic, "g-feedback");
+    }
+
+    #[test]
+    fn global_models_sent_again_by_a_recovered_averager_count_once() {
+        let model = |version: u64, loss: f64| GlobalModel {
+            clock: version,
+            version,
+            workers: 1,
+            items: version * 10,
+            loss,
+            accuracy: 0.5,
+            weights_l1: 1.0,
+            weights: Vec::new(),
+            iterations: vec![version],
+        };
+        // Versions 1-3, a crash, the replay of 2 and 3 (sent again), then 4.
+        let models = [
+            (1, model(1, 0.9)),
+            (2, model(2, 0.8)),
+            (3, model(3, 0.7)),
+            (10, model(2, 0.8)),
+            (10, model(3, 0.7)),
+            (11, model(4, 0.6)),
+        ];
+        let kept: Vec<(i64, u64)> = first_of_each_version(&models).map(|(at, g)| (*at, g.version)).collect();
+        assert_eq!(kept, [(1, 1), (2, 2), (3, 3), (11, 4)]);
     }
 
     #[test]

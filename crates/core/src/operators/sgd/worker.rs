@@ -119,10 +119,17 @@ impl SgdWorker {
         if self.config.consistency == Consistency::Bsp && global.clock < self.iteration() {
             return 0.0;
         }
-        let holds = global.iterations.get(self.worker as usize);
-        if !self.starting && holds.is_some_and(|&iteration| iteration != self.iteration()) {
-            // Not the worker's latest model in it: taking it in would drop the
-            // worker's own progress since the model it holds.
+        let Some(&holds) = global.iterations.get(self.worker as usize) else {
+            return self.take_in(global);
+        };
+        // Not the worker's latest model in it: taking it in would drop the
+        // worker's own progress since the model it holds. A starting worker
+        // takes in one holding a newer model of its own (published after the
+        // marker it restored), never an older one: a recovered averager
+        // replaying its input sends again the global models it sent before,
+        // and a recovered worker reads them after the latest.
+        let stale = holds < self.iteration() || (!self.starting && holds != self.iteration());
+        if stale {
             return 0.0;
         }
         self.take_in(global)
@@ -311,6 +318,20 @@ mod tests {
             restored.adopt(&newer) > 0.0,
             "a recovered worker starts from the latest global model"
         );
+
+        // A recovered averager sends its global models again after the latest:
+        // the recovered worker (at iteration 2) keeps what it took in.
+        let mut recovered = SgdWorker::new(config(Consistency::Asp), 1).unwrap();
+        recovered.restore(&entries).unwrap();
+        assert!(recovered.adopt(&newer) > 0.0);
+        let taken = weights(&recovered);
+        let resent = GlobalModel {
+            iterations: vec![1, 1],
+            ..global(1, vec![(3, -5.0)])
+        };
+        assert_eq!(recovered.adopt(&resent), 0.0, "a re-sent older global model is stale");
+        assert_eq!(weights(&recovered), taken);
+        assert_eq!(recovered.adopted(), 1);
     }
 
     fn train(worker: &mut SgdWorker, items: &[LabeledVector]) -> Vec<LocalModel> {
