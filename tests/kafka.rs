@@ -1343,3 +1343,37 @@ fn three_instances_on_six_partitions_survive_a_clean_stop_and_a_kill_with_every_
     );
     assert!(exact.keys().all(|word| counts.contains_key(word)), "every word counted");
 }
+
+#[test]
+fn changelog_readers_opened_ahead_are_connected_and_kept_between_restores() {
+    use afstream::service::kafka::ReaderPool;
+    let dir = test_dir("reader-pool");
+    let broker = Broker::start(&dir);
+    let topic = unique("reader-pool");
+    produce(&broker.kafka(), &topic, 2, &text_records(100, 3)).expect("produce the lines");
+    let pool = ReaderPool::new(&broker.kafka(), &topic);
+    pool.fill_in_background(2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while pool.idle() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the two changelog readers opened ahead were not in the pool after 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (first, second) = (pool.take().expect("a reader"), pool.take().expect("a reader"));
+    assert_eq!(pool.idle(), 0, "a reader taken is out of the pool");
+    let ends = [first.end_offset(0), second.end_offset(1)].map(|end| end.expect("the end of a partition"));
+    assert_eq!(
+        ends.iter().sum::<i64>(),
+        100,
+        "both partitions' ends, read through the readers"
+    );
+    // With none idle, a restore opens a reader of its own and leaves it there.
+    let third = pool.take().expect("a new reader");
+    assert_eq!(third.end_offset(0).expect("the end of partition 0"), ends[0]);
+    for reader in [first, second, third] {
+        pool.give_back(reader);
+    }
+    assert_eq!(pool.idle(), 3, "every reader is kept for the next restore");
+}

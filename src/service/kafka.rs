@@ -2,7 +2,7 @@
 //! changelog partition, and the producer's delivery reports.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -336,6 +336,78 @@ pub struct Streamed {
     pub records: u64,
     /// The offset it read to: the records before it make the state.
     pub end_offset: u64,
+}
+
+/// Changelog readers kept connected from one restore to the next. A new
+/// reader's first request opens its connections and reads the cluster's
+/// metadata: measured on the project's broker, three restores started side by
+/// side spent 0.35-0.8 s on it, then 0.4 s more reading 1 400-1 800 records,
+/// where a connected reader took 10 ms and 13 ms. The pool is filled in the
+/// background when a pipeline starts, so a restarted process's restores find
+/// their readers connected; a restore that finds none opens one and leaves it
+/// here afterwards.
+pub struct ReaderPool {
+    kafka: KafkaConfig,
+    topic: String,
+    idle: Mutex<Vec<ChangelogLoader>>,
+}
+
+impl ReaderPool {
+    pub fn new(kafka: &KafkaConfig, topic: &str) -> Arc<Self> {
+        Arc::new(ReaderPool {
+            kafka: kafka.clone(),
+            topic: topic.to_string(),
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Opens `count` readers in a thread of its own and connects each (a
+    /// request for the end of partition 0), then adds them to the pool. A
+    /// reader that cannot connect yet is added all the same: it connects when
+    /// a restore uses it, as a new one would.
+    pub fn fill_in_background(self: &Arc<Self>, count: usize) {
+        let pool = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("changelog-readers".into())
+            .spawn(move || {
+                for _ in 0..count {
+                    let reader = match ChangelogLoader::new(&pool.kafka, &pool.topic) {
+                        Ok(reader) => reader,
+                        Err(error) => {
+                            tracing::debug!(%error, "opening a changelog reader ahead of a restore");
+                            return;
+                        }
+                    };
+                    if let Err(error) = reader.end_offset(0) {
+                        tracing::debug!(%error, "connecting a changelog reader ahead of a restore");
+                    }
+                    pool.give_back(reader);
+                }
+            });
+        if let Err(error) = spawned {
+            // The restores open their readers themselves.
+            tracing::debug!(%error, "no thread to open changelog readers ahead");
+        }
+    }
+
+    /// A connected reader if one is idle, else a new one.
+    pub fn take(&self) -> Result<ChangelogLoader, KafkaSetupError> {
+        match self.idle.lock().ok().and_then(|mut idle| idle.pop()) {
+            Some(reader) => Ok(reader),
+            None => ChangelogLoader::new(&self.kafka, &self.topic),
+        }
+    }
+
+    pub fn give_back(&self, reader: ChangelogLoader) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.push(reader);
+        }
+    }
+
+    /// Readers idle in the pool.
+    pub fn idle(&self) -> usize {
+        self.idle.lock().map_or(0, |idle| idle.len())
+    }
 }
 
 /// Reads a changelog topic's partitions.

@@ -21,10 +21,10 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use super::check::TaskPlan;
 use super::codec::{Codec, ServiceOperator};
-use super::config::{Config, KafkaConfig};
+use super::config::Config;
 use super::kafka::{
     client_config, ensure_topics, is_permanent, partition_count, patiently, ChangelogLoader, ClientRole, Delivery,
-    DeliveryEvent, DeliveryReports, FailedRecord, KafkaSetupError, TopicSpec, REQUEST_TIMEOUT,
+    DeliveryEvent, DeliveryReports, FailedRecord, KafkaSetupError, ReaderPool, TopicSpec, REQUEST_TIMEOUT,
 };
 use super::metrics::{TaskMetrics, TaskPosition};
 use super::state::lock_state_dir;
@@ -138,11 +138,12 @@ struct Restored<O> {
 const RESTORE_PARALLELISM: usize = 4;
 
 /// Restores the tasks assigned together side by side, in the order given.
-/// A single one restores through `loader`; several share a few workers, each
-/// with its own reader of the changelog topic.
+/// A single one restores through `loader` (the one the rebalance read the
+/// markers with, connected); several share a few workers, the first with
+/// `loader`, the others with readers from `pool`.
 fn restore_all<O: ServiceOperator>(
     loader: &ChangelogLoader,
-    (kafka, changelog): (&KafkaConfig, &str),
+    pool: &ReaderPool,
     operator_config: &O::Config,
     batch: Vec<Assigned>,
     resident_keys: usize,
@@ -158,27 +159,32 @@ fn restore_all<O: ServiceOperator>(
     // (its place in the batch, its restore)
     type Outcome<O> = (usize, Result<Restored<O>, ServiceError>);
     let done: Mutex<Vec<Outcome<O>>> = Mutex::new(Vec::with_capacity(count));
+    let restore_with = |reader: &ChangelogLoader| {
+        while let Some((index, assigned)) = work.lock().ok().and_then(|mut w| w.pop_front()) {
+            let result = Task::<O>::restore(reader, operator_config, assigned, resident_keys);
+            if let Ok(mut done) = done.lock() {
+                done.push((index, result));
+            }
+        }
+    };
     // Their log lines name the pipeline as the loop's do.
     let span = tracing::Span::current();
     // A worker that panics makes the scope panic: every item is done after it.
     std::thread::scope(|scope| {
-        for _ in 0..count.min(RESTORE_PARALLELISM) {
+        for _ in 1..count.min(RESTORE_PARALLELISM) {
             scope.spawn(|| {
                 let _span = span.enter();
-                let mut own: Option<ChangelogLoader> = None;
-                while let Some((index, assigned)) = work.lock().ok().and_then(|mut w| w.pop_front()) {
-                    let result = match &own {
-                        Some(reader) => Ok(reader),
-                        None => ChangelogLoader::new(kafka, changelog).map(|reader| &*own.insert(reader)),
+                match pool.take() {
+                    Ok(reader) => {
+                        restore_with(&reader);
+                        pool.give_back(reader);
                     }
-                    .map_err(ServiceError::from)
-                    .and_then(|reader| Task::<O>::restore(reader, operator_config, assigned, resident_keys));
-                    if let Ok(mut done) = done.lock() {
-                        done.push((index, result));
-                    }
+                    // The other workers restore its share.
+                    Err(error) => tracing::warn!(%error, "no second changelog reader; restoring with fewer"),
                 }
             });
         }
+        restore_with(loader);
     });
     let mut done = done.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
     done.sort_by_key(|(index, _)| *index);
@@ -1864,6 +1870,11 @@ pub fn run_pipeline<O: ServiceOperator>(
     };
     let producer = Arc::new(idempotent_producer(kafka, output_linger_ms, &[])?);
     let changelog_producer = Arc::new(idempotent_producer(kafka, CHANGELOG_LINGER_MS, GAPLESS_CHANGELOG)?);
+    // Connected before the group assigns anything: a restarted process
+    // restores its partitions side by side, one of them with the context's
+    // reader and the others with these.
+    let restore_readers = ReaderPool::new(kafka, &topics.changelog);
+    restore_readers.fill_in_background(partitions.clamp(1, RESTORE_PARALLELISM) - 1);
     let context = GroupContext {
         group: kafka.group_id.clone(),
         input_topic: topics.input.clone(),
@@ -2048,7 +2059,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         }
         let restored = restore_all::<O>(
             &context.loader,
-            (kafka, &topics.changelog),
+            &restore_readers,
             operator_config,
             batch,
             pipeline.store.resident_keys,
