@@ -676,19 +676,15 @@ impl TaskController {
         self.faults.marker_before_outputs || self.outputs.front().is_none_or(|o| o.before.items >= position.items)
     }
 
-    /// Issues the backup that waited for a failure's writes to be reported,
-    /// sends the backups whose outputs are acknowledged, and issues a backup
-    /// that waited for room (or, stopping, the final one).
+    /// Sends the backups whose outputs are acknowledged and issues a backup
+    /// that waited: for a failure's writes to be reported (the failure
+    /// deferred it), for room, or, stopping, the final one.
     fn advance(&mut self, actions: &mut Vec<Action>) {
         if self.after_failure {
             if !self.open.is_empty() {
                 return;
             }
             self.after_failure = false;
-            if self.phase == Phase::Running {
-                let scope = self.deferred.unwrap_or(self.regular_scope());
-                self.issue_backup(scope, false, actions);
-            }
         }
         self.send_when_outputs_done(actions);
         match self.phase {

@@ -260,6 +260,9 @@ fn input_waits_at_l_items_past_the_last_acknowledged_marker() {
     }
     assert_eq!(c.readiness(), Err(Blocked::Window));
     assert_eq!(c.items_past_marker(), 8);
+    // What the driver counts when input waits: a stall, not one for outputs.
+    c.count_stall(Blocked::Window);
+    assert_eq!((c.stalls(), c.stalls_for_outputs()), (1, 0));
     // The first backup (after item 1) completes: the window moves to it.
     let seq = backups(&actions)[0].0;
     complete_backup(&mut c, seq);
@@ -277,6 +280,13 @@ fn input_waits_at_gamma_unacknowledged_outputs() {
         one_item(&mut c, offset, 1, 0.0, 0, &mut actions);
     }
     assert_eq!(c.readiness(), Err(Blocked::Outputs));
+    c.count_stall(Blocked::Outputs);
+    c.count_stall(Blocked::Outputs);
+    assert_eq!(
+        (c.stalls(), c.stalls_for_outputs()),
+        (2, 2),
+        "stalls for γ count as such"
+    );
     c.outputs_acknowledged(2, 1, &mut actions);
     assert_eq!(c.readiness(), Ok(()));
 }
@@ -294,6 +304,7 @@ fn a_failed_backup_is_issued_again_at_once() {
     // an output.
     one_item(&mut c, 1, 0, 12.0, 0, &mut actions);
     let (behind, _) = backups(&actions)[1];
+    let behind_marker = markers(&actions)[1];
     one_item(&mut c, 2, 1, 0.0, 0, &mut actions);
     one_item(&mut c, 3, 0, 12.0, 0, &mut actions);
     let (held, _) = backups(&actions)[2];
@@ -323,11 +334,20 @@ fn a_failed_backup_is_issued_again_at_once() {
     c.marker_written(failed_marker.seq, &mut actions);
     assert!(actions.is_empty(), "{actions:?}");
     assert_eq!(c.marked().offset, 0);
+    // Nor does its failure: the new backup already covers its items.
+    c.marker_failed(failed_marker.seq, &mut actions);
+    assert!(actions.is_empty(), "{actions:?}");
     // A late acknowledgement of the failed backup changes nothing.
     c.backup_written(seq, &mut actions);
     assert!(actions.is_empty());
-    complete_backup(&mut c, again[0].0);
+    let after = complete_backup(&mut c, again[0].0);
+    assert!(backups(&after).is_empty(), "nothing is owed any more: {after:?}");
     assert_eq!(c.marked().offset, 5);
+    // The gapless log fails the marker behind the second failed backup too:
+    // forgotten with its backup.
+    let mut actions = Vec::new();
+    c.marker_failed(behind_marker.seq, &mut actions);
+    assert!(actions.is_empty(), "{actions:?}");
 }
 
 #[test]
@@ -496,9 +516,34 @@ fn a_clean_stop_waits_for_the_backup_in_flight_before_its_own() {
         "backup {open} is in flight: the final one waits for it ({actions:?})"
     );
     let actions = complete_backup(&mut c, open);
-    let [(_, BackupScope::Complete)] = backups(&actions)[..] else {
+    assert!(
+        !c.is_stopped(),
+        "the marker of the backup before the final one is not clean"
+    );
+    let [(last, BackupScope::Complete)] = backups(&actions)[..] else {
         panic!("then the final complete backup: {actions:?}")
     };
+    complete_backup(&mut c, last);
+    assert!(c.is_stopped(), "its clean marker stops the task");
+}
+
+#[test]
+fn a_failure_reported_for_a_backup_never_sent_changes_nothing() {
+    // Two backups in flight (θ = 1 after halving), a third held back by an output.
+    let mut c = running(config(Mode::Approximate, 2.0, 1000, 100));
+    let mut actions = Vec::new();
+    one_item(&mut c, 0, 0, 5.0, 0, &mut actions);
+    one_item(&mut c, 1, 1, 5.0, 0, &mut actions);
+    one_item(&mut c, 2, 0, 5.0, 0, &mut actions);
+    let issued = backups(&actions);
+    let held = issued.last().expect("a held backup").0;
+    assert!(!actions.contains(&Action::SendBackup { seq: held }), "{actions:?}");
+    actions.clear();
+    c.backup_failed(held, &mut actions);
+    assert!(actions.is_empty(), "not sent, so not failed: {actions:?}");
+    // The first backup completes as if nothing happened.
+    complete_backup(&mut c, issued[0].0);
+    assert_eq!(c.marked().offset, 1);
 }
 
 #[test]
@@ -701,4 +746,62 @@ fn one_backup_in_flight_when_so_configured_makes_a_trigger_wait_for_it() {
     c.backup_written(seq, &mut actions);
     assert_eq!(backups(&actions), vec![(seq + 2, BackupScope::Drifted)]);
     assert_eq!(markers(&actions)[0].input_offset, 2, "it covers the item that waited");
+}
+
+#[test]
+fn a_state_change_outside_the_input_past_theta_backs_up_at_once_and_one_within_it_waits() {
+    let mut c = running(config(Mode::Approximate, 10.0, 1000, 100));
+    let theta = c.thresholds().theta;
+    let mut actions = Vec::new();
+    c.state_changed(theta, &mut actions);
+    assert!(
+        backups(&actions).is_empty(),
+        "at θ the divergence is within the bound: {actions:?}"
+    );
+    c.state_changed(theta * 1.01, &mut actions);
+    let scopes: Vec<BackupScope> = backups(&actions).into_iter().map(|(_, scope)| scope).collect();
+    assert_eq!(scopes, [BackupScope::Drifted], "past θ: the drifted entries, at once");
+    assert_eq!(c.items_past_marker(), 0, "no item was read");
+
+    // Exact mode backs up on its interval, whatever the divergence.
+    let mode = Mode::Exact(ExactInterval {
+        items: Some(3),
+        millis: None,
+    });
+    let mut exact = running(config(mode, 10.0, 1000, 100));
+    let mut actions = Vec::new();
+    exact.state_changed(1e9, &mut actions);
+    assert!(backups(&actions).is_empty(), "{actions:?}");
+}
+
+#[test]
+fn a_failed_exact_backup_is_written_again_complete_at_once() {
+    let mode = Mode::Exact(ExactInterval {
+        items: Some(3),
+        millis: None,
+    });
+    let mut c = running(config(mode, 1.0, 1000, 100));
+    let mut actions = Vec::new();
+    for offset in 0..3 {
+        one_item(&mut c, offset, 0, 0.0, 0, &mut actions);
+    }
+    let [(seq, BackupScope::Complete)] = backups(&actions)[..] else {
+        panic!("one complete backup after the interval's 3 items: {actions:?}")
+    };
+    actions.clear();
+    c.backup_failed(seq, &mut actions);
+    let again: Vec<BackupScope> = backups(&actions).into_iter().map(|(_, scope)| scope).collect();
+    assert_eq!(
+        again,
+        [BackupScope::Complete],
+        "without waiting for another item, and complete as exact mode's backups are"
+    );
+    // Its entries land but its marker does not: a new complete backup again.
+    let (seq, _) = backups(&actions)[0];
+    let marker = markers(&actions)[0];
+    actions.clear();
+    c.backup_written(seq, &mut actions);
+    c.marker_failed(marker.seq, &mut actions);
+    let again: Vec<BackupScope> = backups(&actions).into_iter().map(|(_, scope)| scope).collect();
+    assert_eq!(again, [BackupScope::Complete], "{actions:?}");
 }
