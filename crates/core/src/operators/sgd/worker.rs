@@ -334,6 +334,69 @@ mod tests {
         assert_eq!(recovered.adopted(), 1);
     }
 
+    #[test]
+    fn a_published_model_reports_its_own_iterations_loss_and_accuracy() {
+        let (items, _) = separable_vectors(20, 40, 4, 2);
+        let mut worker = SgdWorker::new(config(Consistency::Asp), 0).unwrap();
+        let first = train(&mut worker, &items[..10]);
+        let (steps, correct, loss) = worker.model().totals();
+        assert_eq!(steps, 10.0);
+        let second = train(&mut worker, &items[10..]);
+        let (_, correct_after, loss_after) = worker.model().totals();
+        let (first, second) = (&first[0], &second[0]);
+        assert_eq!((first.iteration, second.iteration), (1, 2));
+        assert_eq!((first.items, second.items), (10, 20));
+        assert!((first.loss - loss / 10.0).abs() < 1e-12, "{first:?}");
+        assert!((first.accuracy - correct / 10.0).abs() < 1e-12, "{first:?}");
+        assert!((second.loss - (loss_after - loss) / 10.0).abs() < 1e-12, "{second:?}");
+        assert!(
+            (second.accuracy - (correct_after - correct) / 10.0).abs() < 1e-12,
+            "{second:?}"
+        );
+    }
+
+    #[test]
+    fn a_global_model_with_weights_it_cannot_hold_leaves_those_slots_alone() {
+        let (items, _) = separable_vectors(10, 40, 4, 3);
+        let mut worker = SgdWorker::new(config(Consistency::Asp), 0).unwrap();
+        train(&mut worker, &items);
+        let slots = worker.model().weight_count() as u32;
+        let odd = global(1, vec![(0, f64::NAN), (1, 0.5), (slots, 1.0), (slots + 7, 1.0)]);
+        worker.take_in(&odd);
+        assert!(
+            (0..slots).all(|s| worker.model().weight(s).is_finite()),
+            "no NaN taken in"
+        );
+        assert_eq!(worker.model().weight(0), 0.0, "a NaN weight counts as none");
+    }
+
+    #[test]
+    fn backups_acknowledged_are_settled_and_failed_ones_owed_again() {
+        let (items, _) = separable_vectors(10, 40, 4, 4);
+        let mut worker = SgdWorker::new(config(Consistency::Asp), 0).unwrap();
+        worker.set_theta(0.0);
+        train(&mut worker, &items);
+        let mut twin = worker.clone();
+        assert_eq!(worker.distance(&twin), 0.0);
+        let mut entries = Vec::new();
+        worker.backup(1, BackupScope::Drifted, &mut entries);
+        assert!(!entries.is_empty(), "trained weights past θ = 0 are backed up");
+        twin.backup(1, BackupScope::Drifted, &mut Vec::new());
+        worker.acknowledge_backup(1);
+        // A failure reported after the acknowledgement finds nothing left to owe.
+        worker.fail_backup(1);
+        twin.fail_backup(1);
+        let owed = |w: &mut SgdWorker| {
+            let mut out = Vec::new();
+            w.backup(2, BackupScope::Owed, &mut out);
+            out.len()
+        };
+        assert_eq!(owed(&mut worker), 0, "an acknowledged backup owes nothing");
+        assert_eq!(owed(&mut twin), entries.len(), "a failed one owes all it wrote");
+        train(&mut twin, &items[..3]);
+        assert!(worker.distance(&twin) > 0.0, "trained apart, they differ");
+    }
+
     fn train(worker: &mut SgdWorker, items: &[LabeledVector]) -> Vec<LocalModel> {
         let mut out = Vec::new();
         for item in items {
