@@ -13,6 +13,14 @@ fn config(mode: Mode, theta: f64, items: u64, outputs: u64) -> ControllerConfig 
     ControllerConfig::new(mode, policy, CONSTANTS)
 }
 
+/// Exact mode backing up every `items` items.
+fn exact_every_items(items: u64) -> Mode {
+    Mode::Exact(ExactInterval {
+        items: Some(items),
+        millis: None,
+    })
+}
+
 fn commits(actions: &[Action]) -> Vec<u64> {
     actions
         .iter()
@@ -390,10 +398,7 @@ fn a_marker_that_fails_while_a_backup_is_open_waits_for_it() {
 
 #[test]
 fn exact_mode_backs_up_completely_every_interval() {
-    let mode = Mode::Exact(ExactInterval {
-        items: Some(3),
-        millis: None,
-    });
+    let mode = exact_every_items(3);
     let mut c = running(config(mode, 1.0, 1, 100));
     assert_eq!(c.operator_theta(), f64::INFINITY, "exact backups are never partial");
     let mut actions = Vec::new();
@@ -764,10 +769,7 @@ fn a_state_change_outside_the_input_past_theta_backs_up_at_once_and_one_within_i
     assert_eq!(c.items_past_marker(), 0, "no item was read");
 
     // Exact mode backs up on its interval, whatever the divergence.
-    let mode = Mode::Exact(ExactInterval {
-        items: Some(3),
-        millis: None,
-    });
+    let mode = exact_every_items(3);
     let mut exact = running(config(mode, 10.0, 1000, 100));
     let mut actions = Vec::new();
     exact.state_changed(1e9, &mut actions);
@@ -776,10 +778,7 @@ fn a_state_change_outside_the_input_past_theta_backs_up_at_once_and_one_within_i
 
 #[test]
 fn a_failed_exact_backup_is_written_again_complete_at_once() {
-    let mode = Mode::Exact(ExactInterval {
-        items: Some(3),
-        millis: None,
-    });
+    let mode = exact_every_items(3);
     let mut c = running(config(mode, 1.0, 1000, 100));
     let mut actions = Vec::new();
     for offset in 0..3 {
