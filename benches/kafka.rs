@@ -198,8 +198,8 @@ enum Case {
     Approximate,
     /// Θ/10 and L/10.
     Tight,
-    /// L×10: a marker round trip may take ten times as long before input waits
-    /// (the error bound's l·α grows as much).
+    /// L×10: markers ten times as far apart (a recovery replays ten times as
+    /// many items).
     Loose,
     Exact {
         millis: u64,

@@ -1,18 +1,18 @@
 //! The task driver against a broker whose acknowledgements come one round trip
 //! after each write, however many writes are in flight: a Kafka cluster whose
-//! produce latency is replication and network, not load. Input waits once l
-//! items are past the last acknowledged marker, so the window caps a task at
-//! about l items a round trip; with backups in flight together a task comes
-//! near that cap, with one backup at a time it reached about half of it (a
-//! marker every two round trips).
+//! produce latency is replication and network, not load. Input never waits
+//! for a marker (a recovery restores the state logged at its marker, so the
+//! state bound does not depend on how many items are past it); it waits only
+//! while γ outputs are unacknowledged. So approximate mode should run near
+//! `none` whatever the round trip, on one task or several.
 //!
-//! Heavy hitters and logistic regression at the engine benchmark's thresholds
-//! (`benches/operators.rs`), one task, items in poll batches of 500: mode
-//! `none`, `approximate` with one backup in flight (the controller before
-//! backups were pipelined) and with the default four, and with four while the
-//! outputs linger 5 ms before their round trip (as the service's outputs do;
-//! a marker waits for the outputs before it), side by side in one run for each
-//! round trip; medians of the rounds, each ratio to `none`.
+//! Every workload at the engine benchmark's thresholds (`benches/operators.rs`),
+//! items in poll batches of 500, on 1 and on 4 tasks (the input split in four
+//! partitions, the tasks served round robin by one thread, as a consumer
+//! thread serves its partitions): mode `none`, `approximate`, and
+//! `approximate` while the outputs linger 1 ms before their round trip (as the
+//! service's outputs do where markers wait for them), side by side in one run
+//! for each round trip; medians of the rounds, each ratio to `none`.
 //!
 //! `cargo bench --bench latency`; AFSTREAM_BENCH_ITEMS (default 1 000 000),
 //! AFSTREAM_BENCH_ROUNDS (default 5), AFSTREAM_BENCH_RTT_US (comma-separated
@@ -23,8 +23,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use afstream::core::{
-    read_changelog, Ack, BackupEntry, BackupMarker, ControllerConfig, GlobalThresholds, Mode, Operator, TaskDriver,
-    TaskIo, DEFAULT_MAX_BACKUPS_IN_FLIGHT,
+    read_changelog, Ack, BackupEntry, BackupMarker, ControllerConfig, GlobalThresholds, Mode, Operator, Placement,
+    TaskDriver, TaskIo, ThresholdPolicy,
 };
 use afstream::operators::*;
 use afstream::workloads;
@@ -90,45 +90,96 @@ fn deliver<O: Operator>(driver: &mut TaskDriver<O>, io: &mut DelayedIo) {
     }
 }
 
-/// How long one task takes to process every item, and its l.
-fn run_case<O: Operator>(
-    operator: O,
-    items: &[O::Input],
-    mode: Mode,
-    thresholds: (f64, u64, u64),
-    in_flight: usize,
-    (round_trip, output_linger): (Duration, Duration),
-) -> (Duration, u64) {
-    let (theta, l, gamma) = thresholds;
-    let global = GlobalThresholds::new(theta, l, gamma).expect("valid thresholds");
-    let config = ControllerConfig::single_task(mode, global, operator.constants(), operator.norm().is_additive())
-        .expect("valid policy")
-        .with_max_backups_in_flight(in_flight);
-    let mut io = DelayedIo {
-        round_trip,
-        output_linger,
-        changelog: VecDeque::new(),
-        outputs: VecDeque::new(),
-    };
-    let empty = read_changelog(&[]).expect("empty changelog");
-    let (mut driver, _) = TaskDriver::recover(config, operator, &empty, None, 0, 0, &mut io).expect("start");
-    let task_l = driver.controller().thresholds().items;
-    let started = Instant::now();
-    let mut next = 0;
-    while next < items.len() {
-        deliver(&mut driver, &mut io);
-        let end = (next + POLL).min(items.len());
-        let batch = items[next..end]
+/// One task of a case: its driver, its broker and its partition's items.
+struct Task<'a, O: Operator> {
+    driver: TaskDriver<O>,
+    io: DelayedIo,
+    items: &'a [O::Input],
+    next: usize,
+}
+
+impl<O: Operator> Task<'_, O> {
+    fn done(&self) -> bool {
+        self.next >= self.items.len()
+    }
+
+    /// One poll: the acknowledgements due, then a batch. Returns whether
+    /// input had to wait.
+    fn poll(&mut self, started: Instant) -> bool {
+        deliver(&mut self.driver, &mut self.io);
+        let end = (self.next + POLL).min(self.items.len());
+        let batch = self.items[self.next..end]
             .iter()
             .enumerate()
-            .map(|(i, item)| ((next + i) as u64, item));
+            .map(|(i, item)| ((self.next + i) as u64, item));
         let now_ms = started.elapsed().as_millis() as u64;
-        let taken = driver.process(batch, now_ms, &mut io).expect("the state reads");
-        next += taken;
-        if taken == 0 {
-            // Input waits: until the next acknowledgement is due (a spin, so
-            // that the timer's granularity is not measured).
-            let Some(at) = io.next_due() else {
+        let taken = self
+            .driver
+            .process(batch, now_ms, &mut self.io)
+            .expect("the state reads");
+        self.next += taken;
+        taken == 0 && !self.done()
+    }
+}
+
+/// A case: how the tasks run.
+#[derive(Clone, Copy)]
+struct Case {
+    label: &'static str,
+    mode: Mode,
+    output_linger: Duration,
+}
+
+/// How long `tasks` tasks take to process every item between them.
+fn run_case<O: Operator>(
+    build: &dyn Fn() -> O,
+    items: &[O::Input],
+    case: Case,
+    tasks: usize,
+    thresholds: (f64, u64, u64),
+    round_trip: Duration,
+) -> Duration {
+    let (theta, l, gamma) = thresholds;
+    let global = GlobalThresholds::new(theta, l, gamma).expect("valid thresholds");
+    let constants = build().constants();
+    let additive = build().norm().is_additive();
+    let placement = Placement {
+        parallelism: tasks as u32,
+        ..Placement::default()
+    };
+    let policy =
+        ThresholdPolicy::new(global, Default::default(), placement, additive, constants).expect("valid policy");
+    let config = ControllerConfig::new(case.mode, policy, constants);
+    let empty = read_changelog(&[]).expect("empty changelog");
+    let share = items.len().div_ceil(tasks);
+    let mut running: Vec<Task<'_, O>> = items
+        .chunks(share)
+        .map(|part| {
+            let mut io = DelayedIo {
+                round_trip,
+                output_linger: case.output_linger,
+                changelog: VecDeque::new(),
+                outputs: VecDeque::new(),
+            };
+            let (driver, _) = TaskDriver::recover(config, build(), &empty, None, 0, 0, &mut io).expect("start");
+            Task {
+                driver,
+                io,
+                items: part,
+                next: 0,
+            }
+        })
+        .collect();
+    let started = Instant::now();
+    while running.iter().any(|task| !task.done()) {
+        let mut all_wait = true;
+        for task in running.iter_mut().filter(|task| !task.done()) {
+            all_wait &= task.poll(started);
+        }
+        if all_wait {
+            // Every task waits: until the next acknowledgement is due (a spin,
+            // so that the timer's granularity is not measured).
+            let Some(at) = running.iter().filter_map(|task| task.io.next_due()).min() else {
                 panic!("input waits with nothing in flight")
             };
             while Instant::now() < at {
@@ -136,7 +187,7 @@ fn run_case<O: Operator>(
             }
         }
     }
-    (started.elapsed(), task_l)
+    started.elapsed()
 }
 
 fn env_number(name: &str, default: usize) -> usize {
@@ -154,53 +205,49 @@ fn workload<O: Operator>(name: &str, build: impl Fn() -> O, items: &[O::Input], 
         .ok()
         .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![500, 2000]);
-    let together = DEFAULT_MAX_BACKUPS_IN_FLIGHT;
-    // (label, mode, backups in flight at most, the outputs' linger in µs)
     let cases = [
-        ("none", Mode::None, 1, 0),
-        ("approximate, one backup in flight", Mode::Approximate, 1, 0),
-        (
-            "approximate, backups in flight together",
-            Mode::Approximate,
-            together,
-            0,
-        ),
-        (
-            "approximate, backups in flight together, outputs lingering 5 ms (the service's linger.ms)",
-            Mode::Approximate,
-            together,
-            5_000,
-        ),
+        Case {
+            label: "none",
+            mode: Mode::None,
+            output_linger: Duration::ZERO,
+        },
+        Case {
+            label: "approximate",
+            mode: Mode::Approximate,
+            output_linger: Duration::ZERO,
+        },
+        Case {
+            label: "approximate, outputs lingering 1 ms",
+            mode: Mode::Approximate,
+            output_linger: Duration::from_millis(1),
+        },
     ];
     for &rtt_us in &round_trips {
         let round_trip = Duration::from_micros(rtt_us);
-        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
-        let mut task_l = 0;
-        for _ in 0..rounds {
-            for (case, &(_, mode, in_flight, linger_us)) in cases.iter().enumerate() {
-                let delays = (round_trip, Duration::from_micros(linger_us));
-                let (took, l) = run_case(build(), items, mode, thresholds, in_flight, delays);
-                rates[case].push(items.len() as f64 / took.as_secs_f64());
-                if mode == Mode::Approximate {
-                    task_l = l;
+        for tasks in [1, 4] {
+            let mut rates: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+            for _ in 0..rounds {
+                for (index, &case) in cases.iter().enumerate() {
+                    let took = run_case(&build, items, case, tasks, thresholds, round_trip);
+                    rates[index].push(items.len() as f64 / took.as_secs_f64());
                 }
             }
-        }
-        let none = median(rates[0].clone());
-        for (case, &(label, _, _, _)) in cases.iter().enumerate() {
-            let rate = median(rates[case].clone());
-            println!(
-                "| {name} | {rtt_us} | {label} | {rate:.0} | {:.3} | {:.0} |",
-                rate / none,
-                task_l as f64 / round_trip.as_secs_f64(),
-            );
+            let none = median(rates[0].clone());
+            for (index, case) in cases.iter().enumerate() {
+                let rate = median(rates[index].clone());
+                println!(
+                    "| {name} | {rtt_us} | {tasks} | {} | {rate:.0} | {:.3} |",
+                    case.label,
+                    rate / none
+                );
+            }
         }
     }
 }
 
 fn main() {
     let count = env_number("AFSTREAM_BENCH_ITEMS", 1_000_000);
-    println!("| workload | round trip (µs) | case | items/s | / none | l per round trip (items/s) |");
+    println!("| workload | round trip (µs) | tasks | case | items/s | / none |");
     println!("| --- | --- | --- | --- | --- | --- |");
     let packets = workloads::zipf_flows(count, 100_000, 1.1, 1);
     workload(
@@ -215,5 +262,30 @@ fn main() {
         || OnlineLogisticRegression::new(LogisticConfig::default()).expect("config"),
         &vectors,
         (10.0, 1000, 1000),
+    );
+    let tuples = workloads::join_streams(count, 10_000, 3);
+    workload(
+        "online join (Θ = 10^3, L = 10^3, Γ = 10^3)",
+        || OnlineJoin::new(JoinConfig::default()).expect("config"),
+        &tuples,
+        (1e3, 1000, 1000),
+    );
+    let lines = workloads::text_lines(count / 10, 10, 50_000, 4);
+    workload(
+        "WordCount (Θ = 10^4, L = 10^3, Γ = 2·10^4)",
+        || WordCount::new(WordCountConfig::default()).expect("config"),
+        &lines,
+        (1e4, 1000, 20_000),
+    );
+    let values = workloads::keyed_values(count, 100_000, 5);
+    let sum = KeyedAggregationConfig {
+        aggregate: Aggregate::Sum,
+        ..Default::default()
+    };
+    workload(
+        "keyed sum (Θ = 10^6, L = 10^3, Γ = 10^3)",
+        || KeyedAggregation::new(sum).expect("config"),
+        &values,
+        (1e6, 1000, 1000),
     );
 }

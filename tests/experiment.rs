@@ -241,8 +241,8 @@ fn kills_in_the_middle_of_a_backup_are_recovered_from_within_the_bound() {
         "each kill was recovered from (every task of the killed process): {failed}"
     );
     assert_eq!(failed["within_bound"], true, "{failed}");
-    // Each restored state holds an incomplete backup taken past its resume
-    // offset: the l·α term of the bound is what covers it.
+    // Each kill left an incomplete backup past the last marker: the restore
+    // takes its entries' priors, so θ alone covers what it restored.
     assert_eq!(failed["recoveries_within_bound"], true, "{failed}");
 }
 

@@ -579,16 +579,27 @@ fn distinct_word_lines(lines: usize) -> Vec<InputRecord> {
         .collect()
 }
 
-/// The counts the changelog holds (latest record per word).
+/// The counts the changelog holds at each partition's last marker.
 fn changelog_counts(broker: &Broker, p: &Pipeline) -> HashMap<String, f64> {
-    let mut counts = HashMap::new();
+    let mut readers: HashMap<i32, afstream::core::ChangelogReader> = HashMap::new();
     for record in broker.read_topic(&format!("{}-changelog", p.group)) {
         let Some(key) = record.key else { continue };
-        if key.first() != Some(&1) {
-            continue; // the marker
-        }
-        let word = String::from_utf8(key[1..].to_vec()).expect("a word");
-        let count = afstream::core::entry::decode_f64(&record.value).expect("a count");
+        readers
+            .entry(record.partition)
+            .or_default()
+            .push(afstream::core::BackupEntry::new(
+                key.as_slice().into(),
+                Some(record.value.as_slice().into()),
+            ));
+    }
+    let mut counts = HashMap::new();
+    let entries = readers
+        .into_values()
+        .flat_map(|reader| reader.finish().expect("a readable changelog").entries);
+    for entry in entries {
+        let word = String::from_utf8(entry.key_body().to_vec()).expect("a word");
+        let value = entry.value.expect("restored entries have values");
+        let count = afstream::core::entry::decode_f64(&value).expect("a count");
         counts.insert(word, count);
     }
     counts

@@ -200,11 +200,17 @@ pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError
             );
         }
         Mode::Approximate => {
-            let _ = writeln!(out, "mode approximate, policy {:?}; per task:", ft.failure_policy());
+            let _ = writeln!(
+                out,
+                "mode approximate: a failure restores the state logged at the task's last marker and replays the \
+                 input from there; it adds at most theta to the state, loses no output and repeats the outputs of \
+                 the items it replays (markers go out every l/2 items: about l items, at most beta outputs each)"
+            );
+            let _ = writeln!(out, "policy {:?}; per task:", ft.failure_policy());
             let _ = writeln!(
                 out,
                 "  {:<10} {:>14} {:>10} {:>10} {:>18} {:>18}",
-                "failures", "theta", "l", "gamma", "state error <=", "outputs lost <="
+                "failures", "theta", "l", "gamma", "state error <=", "outputs repeated"
             );
             for k in 0..=FAILURES_SHOWN {
                 let bound = plan.policy.bound_after(k, plan.constants);
@@ -215,7 +221,7 @@ pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError
                     let limit = plan.policy.limit(plan.constants);
                     let _ = writeln!(
                         out,
-                        "  any number of failures: state error <= {}, outputs lost <= {} per task (halving)",
+                        "  any number of failures: state error <= {}, outputs repeated about {} per task (halving)",
                         trim(&format!("{:.6}", limit.state)),
                         trim(&format!("{:.0}", limit.outputs))
                     );
@@ -224,7 +230,7 @@ pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError
                     let step = plan.policy.for_failures(0).failure_bound(plan.constants);
                     let _ = writeln!(
                         out,
-                        "  each further failure adds state error <= {}, outputs lost <= {} per task (fixed)",
+                        "  each further failure adds state error <= {}, outputs repeated about {} per task (fixed)",
                         trim(&format!("{:.6}", step.state)),
                         trim(&format!("{:.0}", step.outputs))
                     );
@@ -241,8 +247,8 @@ pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError
 /// The end-to-end bound of a chain on `partitions` partitions per stage, after
 /// any number of failures under halving: the last stage's state bound; for
 /// each earlier stage, its state bound amplified by β per later stage, and its
-/// lost or repeated outputs, each moving the last stage's state by at most its
-/// α (amplified by β per stage in between). Summed over tasks where the
+/// repeated outputs, each moving the last stage's state by at most its α
+/// (amplified by β per stage in between). Summed over tasks where the
 /// divergence adds up.
 pub fn chain_bound(stages: &[&Config], partitions: usize) -> Result<f64, ServiceError> {
     let plans = stages

@@ -84,7 +84,7 @@ pub struct RunOutcome {
     pub recoveries: Vec<RecoveryRecord>,
     /// The sum of the recoveries' state bounds.
     pub bound_state: f64,
-    /// The sum of the recoveries' bounds on outputs lost or repeated.
+    /// The sum of the recoveries' bounds on outputs repeated.
     pub bound_outputs: f64,
     /// What the output may be off by: the state bound, plus α for every output
     /// lost (a per-key output left stale moves that key by at most α).

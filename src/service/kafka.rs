@@ -324,10 +324,10 @@ impl TopicReader {
 }
 
 fn entry_of(message: &BorrowedMessage<'_>) -> BackupEntry {
-    BackupEntry {
-        key: EntryBytes::from_slice(message.key().unwrap_or_default()),
-        value: message.payload().map(EntryBytes::from_slice),
-    }
+    BackupEntry::new(
+        EntryBytes::from_slice(message.key().unwrap_or_default()),
+        message.payload().map(EntryBytes::from_slice),
+    )
 }
 
 /// What [`ChangelogLoader::stream`] read.
@@ -432,11 +432,24 @@ impl ChangelogLoader {
         }
     }
 
-    /// The latest record per key and the last marker of a partition.
+    /// The state logged at a partition's last marker, and the marker.
     pub fn load(&self, partition: i32) -> Result<ChangelogState, KafkaSetupError> {
+        self.load_until(partition, None)
+    }
+
+    /// The state logged at the last marker before `end` (the partition's end
+    /// when `None`), and that marker: what a restore that read to `end` got.
+    pub fn load_until(&self, partition: i32, end: Option<i64>) -> Result<ChangelogState, KafkaSetupError> {
+        let (low, high) = self
+            .reader
+            .watermarks(&self.topic, partition)
+            .map_err(|e| self.error(partition, e))?;
+        let end = end.map_or(high, |end| end.min(high));
         let mut reader = ChangelogReader::new();
         self.reader
-            .read_all(&self.topic, partition, |message| reader.push(entry_of(message)))
+            .read(&self.topic, partition, low, end, |message| {
+                reader.push(entry_of(message))
+            })
             .map_err(|e| self.error(partition, e))?;
         reader.finish().map_err(|e| self.error(partition, e))
     }

@@ -1,6 +1,7 @@
 //! What a recovery restored, against the exact state at the offset it resumed
 //! from: the divergence its bound must cover. A recovery's logged bound is
-//! what that one failure may add (θ + l·α); the state it restored also carries
+//! what that one failure may add (θ: it restores the state logged at its
+//! marker and replays from there); the state it restored also carries
 //! what the partition's earlier failures left, so the divergence observed at a
 //! recovery is held against the sum of the partition's bounds so far.
 //!
@@ -14,9 +15,6 @@ use super::codec::{Codec, ServiceOperator};
 use super::config::Config;
 use super::kafka::{ChangelogLoader, TopicReader};
 use super::ServiceError;
-
-/// Changelog records restored at a time.
-const CHUNK: usize = 10_000;
 
 /// One recovery from the changelog, as the service logged it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,9 +50,10 @@ fn observe<O: ServiceOperator>(
     for check in checks {
         let partition = check.partition;
         let mut restored = O::for_partition(operator_config, partition as u32, None)?;
-        changelog.stream(partition, Some(check.changelog_end as i64), CHUNK, |entries| {
-            restored.restore(entries).map_err(|e| e.to_string())
-        })?;
+        let logged = changelog.load_until(partition, Some(check.changelog_end as i64))?;
+        restored
+            .restore(&logged.entries)
+            .map_err(|e| ServiceError::Restore { partition, source: e })?;
         let mut exact = O::for_partition(operator_config, partition as u32, None)?;
         let topic = &pipeline.input_topic;
         let unreadable = |e: String| ServiceError::Unsupported(format!("reading {topic} partition {partition}: {e}"));

@@ -31,8 +31,8 @@ use super::state::lock_state_dir;
 use super::store::{StoreBudget, StoreMeta, TaskStore};
 use super::ServiceError;
 use crate::core::{
-    Ack, BackupEntry, BackupMarker, Blocked, ControllerConfig, DriverStats, Mode, RecoveryPlan, Rejected, TaskDriver,
-    TaskIo,
+    Ack, BackupEntry, BackupMarker, Blocked, ControllerConfig, DriverStats, MarkedState, Mode, RecoveryPlan, Rejected,
+    TaskDriver, TaskIo,
 };
 
 /// Where a partition with no marker and no committed offset starts (the
@@ -130,6 +130,8 @@ struct Restored<O> {
     /// its records before it), for the experiment's check of a recovery.
     changelog_end: Option<u64>,
     restore_seconds: f64,
+    /// The keys restored from priors, written before the start marker.
+    rolled_back: Vec<BackupEntry>,
 }
 
 /// At most this many tasks restore at once (each with a changelog reader of
@@ -1150,10 +1152,11 @@ impl<O: ServiceOperator> Task<O> {
             )
         };
         let mut operator = new_operator()?;
-        let plan = assigned.plan;
+        let mut plan = assigned.plan;
         let mut restored_records = 0;
         let mut changelog_end = None;
         let mut restore_seconds = assigned.restore_seconds;
+        let mut rolled_back = Vec::new();
         if assigned.local {
             let drifted = operator.load_local_state().map_err(restore_error)?;
             tracing::info!(
@@ -1165,8 +1168,13 @@ impl<O: ServiceOperator> Task<O> {
             let started = Instant::now();
             let mut attempt = 1;
             let streamed = loop {
-                let mut apply = |entries: &[BackupEntry]| -> Result<(), String> {
-                    operator.restore(entries).map_err(|e| e.to_string())?;
+                // The state logged at the marker the plan resumes from.
+                let mut marked = MarkedState::for_plan(&plan);
+                let mut resolved = Vec::with_capacity(RESTORE_CHUNK);
+                let mut apply = |records: &[BackupEntry]| -> Result<(), String> {
+                    resolved.clear();
+                    marked.resolve(records, &mut resolved).map_err(|e| e.to_string())?;
+                    operator.restore(&resolved).map_err(|e| e.to_string())?;
                     if let Some((store, meta)) = &assigned.store {
                         // Written as it is read, so memory holds one chunk; the
                         // offset is the one the task resumes at.
@@ -1190,7 +1198,12 @@ impl<O: ServiceOperator> Task<O> {
                     }),
                 };
                 match streamed {
-                    Ok(streamed) => break streamed,
+                    Ok(streamed) => {
+                        let restart = marked.finish();
+                        plan = plan.continuing(&restart);
+                        rolled_back = restart.rolled_back;
+                        break streamed;
+                    }
                     Err(error) if !refused && attempt < RESTORE_ATTEMPTS => {
                         // A broker that times out or goes away for a moment: read
                         // the changelog again from its start into a fresh state
@@ -1223,10 +1236,11 @@ impl<O: ServiceOperator> Task<O> {
         }
         Ok(Restored {
             operator,
-            assigned,
+            assigned: Assigned { plan, ..assigned },
             restored_records,
             changelog_end,
             restore_seconds,
+            rolled_back,
         })
     }
 
@@ -1244,6 +1258,7 @@ impl<O: ServiceOperator> Task<O> {
             restored_records,
             changelog_end,
             restore_seconds,
+            rolled_back,
         } = restored;
         let partition = assigned.partition;
         let restore_error = |source| ServiceError::Restore { partition, source };
@@ -1256,7 +1271,8 @@ impl<O: ServiceOperator> Task<O> {
         let (mut key, mut value) = (Vec::new(), Vec::new());
         let mut io = Self::io(shared, partition, &mut flight, &mut key, &mut value, RawRecords::NONE);
         #[allow(unused_mut)]
-        let mut driver = TaskDriver::start(controller, operator, &plan, now_ms, &mut io).map_err(restore_error)?;
+        let mut driver =
+            TaskDriver::start(controller, operator, &plan, rolled_back, now_ms, &mut io).map_err(restore_error)?;
         #[cfg(feature = "fault-injection")]
         if std::env::var_os(FAULT_SKIP_BACKUPS).is_some() {
             // Test builds only: backups write nothing while the bounds are still
@@ -1587,14 +1603,10 @@ impl<O: ServiceOperator> Task<O> {
         self.batch.is_drained() && self.batch.next_offset >= self.end
     }
 
-    /// Input is at hand but waits on an acknowledgement (the window, the
-    /// outputs, the start marker).
+    /// Input is at hand but waits on an acknowledgement (the outputs, the
+    /// start marker).
     fn awaits_acknowledgement(&self) -> bool {
-        !self.batch.is_drained()
-            && matches!(
-                self.driver.readiness(),
-                Err(Blocked::Window | Blocked::Outputs | Blocked::StartMarker)
-            )
+        !self.batch.is_drained() && matches!(self.driver.readiness(), Err(Blocked::Outputs | Blocked::StartMarker))
     }
 
     /// Hands the operator a record of the feedback topic; one that does not

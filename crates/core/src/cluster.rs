@@ -197,9 +197,7 @@ where
     fn deliver(&mut self, step: u64, force: bool) -> bool {
         self.broker.step = step;
         let delivered = self.broker.deliver(force);
-        for ack in std::mem::take(&mut self.broker.acks) {
-            self.driver.acknowledge(ack, &mut self.broker);
-        }
+        self.broker.report_to(&mut self.driver);
         delivered
     }
 

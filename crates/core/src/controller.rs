@@ -2,44 +2,41 @@
 //!
 //! The controller decides when to back up, when a backup's marker may be
 //! written, and when input must wait. The recovery point is the last marker in
-//! the task's changelog partition (see [`crate::recovery`]); the consumer group's
-//! committed offset follows acknowledged markers and is bookkeeping. Its rules,
-//! and why they keep a failure's error within θ + l·α (state) and γ + l·β
-//! (outputs):
+//! the task's changelog partition, and the state a recovery restores is the one
+//! logged *at* that marker (see [`crate::recovery`] and [`crate::logged`]); the
+//! consumer group's committed offset follows acknowledged markers and is
+//! bookkeeping. Its rules, and why they keep a failure's error within θ (state)
+//! and the outputs of the items it replays (outputs):
 //!
 //! * **Backups.** After an item, a backup is issued when the divergence from the
-//!   last backup *issued* exceeds θ (it writes the drifted entries), and at
-//!   the end of a run of input (the items a poll gave, or as many as the window
-//!   let through) once ⌈l/4⌉ items have passed since the last backup was issued
-//!   (so input waits only when a marker takes longer than ¾·l items of input to
-//!   come back; a backup at the end of the run covers all of it, where one issued
-//!   mid-run would leave the rest of the run to a second backup behind it). A backup
-//!   for l while the divergence is within θ writes only what failed writes owe
-//!   (`BackupScope::Owed`): its marker moves the recovery point over a logged
-//!   state that is within θ of the live one, which is all the bound needs, so
-//!   l costs a marker, not the drift of ⌈l/4⌉ items. **Several backups may be in
-//!   flight**: the adapter writes the changelog in order and without gaps, so
-//!   the log is always a prefix of what was sent, a marker in the log has every
-//!   backup issued before it there, and the state it logs is the one the
-//!   divergence was measured from when it was issued; after its last marker the
-//!   log holds at most part of one backup, taken at most ⌈l/4⌉ items past it.
-//!   (With one backup open at a time, a marker came back at best every two
-//!   round trips, and input waited whenever l items took less than that.) A backup is
-//!   taken when issued, but its entries go out only once every output of the
-//!   items it covers is acknowledged, and in the order the backups were taken:
-//!   the incomplete backup a crash leaves after the last marker is restored,
-//!   and it must never carry the effect of an output that may be lost (a flow
-//!   marked reported whose report never arrived would never be reported).
-//! * **Markers.** A backup's marker (input offset P, sequence, k, thresholds)
-//!   goes out right behind the backup's entries, once every output of the items
-//!   before P is acknowledged: a marker never covers a lost output. The adapter
-//!   writes the changelog in order and without gaps (one idempotent producer,
-//!   one partition; a write that fails fails every write behind it), so a marker
-//!   in the log implies its backup is in the log, and a backup costs one round
-//!   trip, not two. The recovery point moves only once both the marker and the
-//!   entries before it are acknowledged; a marker behind entries that failed
-//!   never counts (the backup is issued again and its marker covers the same
-//!   items).
+//!   last backup *issued* exceeds θ (it writes the drifted entries), and at the
+//!   end of a run of input (the items a poll gave) once ⌈l/2⌉ items have passed
+//!   since the last backup was issued. A backup for l while the divergence is
+//!   within θ writes only what failed writes owe (`BackupScope::Owed`): its
+//!   marker moves the recovery point over a logged state that is within θ of the
+//!   live one, which is all the bound needs, so l costs a marker, not the drift.
+//!   **Several backups may be in flight** (up to `max_backups_in_flight`; a
+//!   trigger beyond them waits for one to close, and the backup then covers
+//!   more items, while input goes on). The
+//!   adapter writes the changelog in order and without gaps, so a marker in the
+//!   log has every backup issued before it there, and the state it logs is the
+//!   one the divergence was measured from when it was issued: within θ of the
+//!   live state at its offset. A backup is taken when issued, but its entries
+//!   go out only once every output of the items it covers is acknowledged, and
+//!   in the order the backups were taken.
+//! * **Markers.** A backup's marker (input offset P, the backup's sequence, k,
+//!   thresholds) goes out right behind the backup's entries, once every output
+//!   of the items before P is acknowledged: a marker never covers a lost output.
+//!   The recovery point moves only once both the marker and the entries before
+//!   it are acknowledged; a marker behind entries that failed never counts (the
+//!   backup is issued again and its marker covers the same items).
+//! * **No window.** Input never waits for a marker's acknowledgement: entries
+//!   after the last marker in the log are restored as their priors, so a replay
+//!   from the marker is exact and the state bound does not depend on how many
+//!   items are past the marker. L sets how often markers go out, so how many
+//!   items a recovery replays (about l/2 past the last marker issued, plus those
+//!   whose markers were in flight at the crash: at most what a round trip lets
+//!   through) and how many outputs it repeats (β per replayed item).
 //! * **Failed writes.** A backup whose write failed may still have reached the
 //!   log, or not. Its entries are owed again (the structures re-send them
 //!   whatever their drift), and so are those of every backup taken but not sent
@@ -49,22 +46,17 @@
 //!   sent meanwhile, so no marker can land over a log that lacks what the
 //!   failed backups owe. A failed marker is not re-sent: it is handled like a
 //!   failed backup, and the new backup's marker covers the same items.
-//! * **The window.** Input waits while l items are past the last acknowledged
-//!   marker, so a crash replays at most l items and the incomplete backup after
-//!   the last marker in the log was taken at most l items past it: the replay
-//!   applies at most l items twice (≤ l·α) on top of a state within θ of the
-//!   marker's (the backups write every drifted entry), and repeats at most l·β
-//!   outputs.
 //! * **Outputs.** Input waits while one more item could leave more than γ
 //!   outputs unacknowledged (each item makes at most β).
 //! * **Starts.** Every start writes a marker (the failure count k of a recovery,
 //!   and a non-clean marker over a clean one) before it takes input, so a crash
-//!   before the first backup is counted and k survives it.
+//!   before the first backup is counted and k survives it. A recovery that
+//!   restored priors first writes them again (`Action::SendRollback`, covered by
+//!   the start marker), so the crashed run's uncovered entries stop being the
+//!   latest of their keys. Sequences continue above every one the log holds.
 //! * **Exact mode** takes a complete backup every interval; its marker waits for
 //!   the outputs before it, so the state at a marker is exact and outputs are at
-//!   least once. Input waits while two intervals of items are past the last
-//!   acknowledged marker; a crash during a backup may apply those items twice to
-//!   the keys it wrote (as Kafka Streams' at-least-once mode does).
+//!   least once.
 //! * **Mode none** backs up nothing; its offset is committed at a clean stop.
 //! * **Clean stop**: no more input; once every output is acknowledged, a complete
 //!   backup and a clean marker, then a commit. A clean stop is no failure.
@@ -95,11 +87,13 @@ pub enum Action {
     Backup { seq: u64, scope: BackupScope },
     /// Write backup `seq`'s entries to the changelog; report whether the write was
     /// acknowledged. Comes once every output of the items the backup covers is
-    /// acknowledged: the log after the last marker may hold this backup when a
-    /// task crashes, and a state restored from it must never hold the effect of an
+    /// acknowledged, so the state a marker logs never holds the effect of an
     /// output that could still be lost (a heavy hitter marked reported whose
     /// report never reached the broker would never be reported).
     SendBackup { seq: u64 },
+    /// Write the keys a recovery restored from priors, at the values restored,
+    /// as backup `seq` (before the start marker, which covers it).
+    SendRollback { seq: u64 },
     /// Backup `seq` was taken but will never go out (a write before it failed,
     /// and it was measured from that write): its entries are owed again
     /// ([`crate::Operator::fail_backup`]).
@@ -120,8 +114,6 @@ pub enum Action {
 pub enum Blocked {
     /// γ outputs could be unacknowledged.
     Outputs,
-    /// The window is full: l items are past the last acknowledged marker.
-    Window,
     /// The start marker (the failure count of a recovery) is not acknowledged yet.
     StartMarker,
     /// The task is stopping or stopped.
@@ -276,9 +268,11 @@ pub struct TaskController {
     unacked_outputs: u64,
     /// Items between two backups issued for l.
     lead: u64,
-    /// Items past the last acknowledged marker at which input waits (not in
-    /// mode none).
-    window: u64,
+    /// The last backup whose entries a marker sent covers.
+    covers_backup: u64,
+    /// The keys a recovery restored from priors are written before the start
+    /// marker (until it is acknowledged).
+    rollback: bool,
     /// A backup for l is due at the end of the run of input (or, after a
     /// failure, once the writes in flight are reported): the widest scope asked
     /// for meanwhile.
@@ -289,18 +283,15 @@ pub struct TaskController {
     stalls_for_outputs: u64,
 }
 
-/// Backups issued for l per window of l items: a marker may take up to
-/// (1 − 1/4)·l items of input to be acknowledged before input waits. More
-/// markers would leave more room for a round trip, at a changelog record (and a
-/// produce request) each.
-const BACKUPS_PER_WINDOW: u64 = 4;
+/// Backups issued for l per l items: a crash replays up to l/2 items past the
+/// last marker issued, plus those of markers in flight.
+const BACKUPS_PER_L: u64 = 2;
 
 /// Backups in flight at most, unless configured otherwise. A trigger beyond them
-/// waits for one to close and the backup then covers more items: where θ is
-/// tiny (after many failures) the changelog is an every-change changelog
-/// coalesced over a quarter of a round trip, never a backup per item. Four keep
-/// a marker coming back every quarter of a round trip, as many as the backups
-/// for l ask for.
+/// waits for one to close and the backup then covers more items (input goes
+/// on): where θ or l is tiny (after many failures) the changelog is an
+/// every-change changelog coalesced over a quarter of a round trip, never a
+/// backup per item.
 pub const DEFAULT_MAX_BACKUPS_IN_FLIGHT: usize = 4;
 
 /// The scope that writes at least what either writes.
@@ -318,10 +309,12 @@ impl TaskController {
     /// mode none first writes a marker and takes no input until it is
     /// acknowledged: a recovery's failure count survives another crash, and a
     /// crash before the first backup of a run that started from a clean stop is
-    /// still counted.
+    /// still counted. With `rollback`, the keys the recovery restored from
+    /// priors go out first ([`Action::SendRollback`]).
     pub fn start(
         config: ControllerConfig,
         plan: &RecoveryPlan,
+        rollback: bool,
         now_ms: u64,
         actions: &mut Vec<Action>,
     ) -> Result<Self, CoreError> {
@@ -352,11 +345,12 @@ impl TaskController {
             after_failure: false,
             markers: VecDeque::new(),
             marked: start,
-            next_seq: 0,
+            next_seq: plan.next_seq.max(1),
             outputs: VecDeque::new(),
             unacked_outputs: 0,
             lead: 1,
-            window: u64::MAX,
+            covers_backup: plan.covers,
+            rollback,
             deferred: None,
             interval_items: 0,
             interval_started_ms: now_ms,
@@ -366,9 +360,29 @@ impl TaskController {
         controller.count_failures();
         if controller.mode != Mode::None {
             controller.phase = Phase::Starting;
-            controller.send_marker(start, false, None, actions);
+            controller.send_start(actions);
         }
         Ok(controller)
+    }
+
+    /// The start marker, behind the keys a recovery rolled back if any.
+    fn send_start(&mut self, actions: &mut Vec<Action>) {
+        let start = self.processed;
+        if !self.rollback {
+            self.send_marker(start, false, None, actions);
+            return;
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.open.push_back(OpenBackup {
+            seq,
+            covers: start,
+            scope: BackupScope::Complete,
+            sent: true,
+            clean: false,
+        });
+        actions.push(Action::SendRollback { seq });
+        self.send_marker(start, false, Some(seq), actions);
     }
 
     /// Forgets the failures that stopped counting (recovering policy) and derives
@@ -389,13 +403,14 @@ impl TaskController {
         self.set_failures_counted(counted);
     }
 
-    /// Derives θ, l, γ, the backup lead and the window for a failure count.
+    /// Derives θ, l, γ and the backup lead for a failure count.
     fn set_failures_counted(&mut self, failures: u32) {
         let counted = if self.faults.never_halve { 0 } else { failures };
         let halved = self.policy.for_failures(counted);
         self.thresholds = match self.mode {
             Mode::Exact(interval) => {
-                // Exact backups are complete (θ = 0); l is the window of items a
+                // Exact backups are complete (θ = 0); l is two intervals of items
+                // (what a replay may cover).
                 // crash during a backup may apply twice.
                 let items = interval.items.map_or(u64::MAX, |n| n.saturating_mul(2));
                 TaskThresholds {
@@ -406,9 +421,7 @@ impl TaskController {
             }
             _ => halved,
         };
-        self.lead = self.thresholds.items.div_ceil(BACKUPS_PER_WINDOW).max(1);
-        // Mode none never waits (see `readiness`), so its window is never read.
-        self.window = self.thresholds.items;
+        self.lead = self.thresholds.items.div_ceil(BACKUPS_PER_L).max(1);
     }
 
     pub fn thresholds(&self) -> TaskThresholds {
@@ -454,9 +467,6 @@ impl TaskController {
         }
         if self.unacked_outputs + self.constants.beta > self.thresholds.outputs {
             return Err(Blocked::Outputs);
-        }
-        if self.processed.items - self.marked.items >= self.window {
-            return Err(Blocked::Window);
         }
         Ok(())
     }
@@ -650,9 +660,14 @@ impl TaskController {
         }
     }
 
+    /// Sends a marker right behind the entries of backup `entries_of`, which it
+    /// covers with every backup before it (without entries: the backups the
+    /// last marker sent covered).
     fn send_marker(&mut self, covers: Position, clean: bool, entries_of: Option<u64>, actions: &mut Vec<Action>) {
         let seq = self.next_seq;
         self.next_seq += 1;
+        let covers_backup = entries_of.unwrap_or(self.covers_backup);
+        self.covers_backup = covers_backup;
         self.markers.push_back(MarkerInFlight {
             seq,
             covers,
@@ -668,6 +683,7 @@ impl TaskController {
             clean,
             recent: self.recent,
             writer: self.writer,
+            covers: covers_backup,
         }));
     }
 
@@ -723,6 +739,11 @@ impl TaskController {
         };
         let Some(failed) = self.open.remove(index) else { return };
         self.markers.retain(|m| m.entries_of != Some(seq));
+        if self.phase == Phase::Starting {
+            // The rollback failed: it goes out again, with a start marker.
+            self.send_start(actions);
+            return;
+        }
         self.write_failed(failed.scope, actions);
         self.advance(actions);
     }
@@ -755,7 +776,10 @@ impl TaskController {
             });
         }
         match self.phase {
-            Phase::Starting => self.phase = Phase::Running,
+            Phase::Starting => {
+                self.phase = Phase::Running;
+                self.rollback = false;
+            }
             Phase::Stopping if marker.clean => self.phase = Phase::Stopped,
             _ => {}
         }
@@ -768,11 +792,11 @@ impl TaskController {
         let Some(index) = self.markers.iter().position(|m| m.seq == seq) else {
             return;
         };
-        let Some(failed) = self.markers.remove(index) else {
+        if self.markers.remove(index).is_none() {
             return;
-        };
+        }
         match self.phase {
-            Phase::Starting => self.send_marker(failed.covers, false, None, actions),
+            Phase::Starting => self.send_start(actions),
             Phase::Running | Phase::Stopping => {
                 let scope = self.regular_scope();
                 self.write_failed(scope, actions);
@@ -827,6 +851,11 @@ impl TaskController {
     }
 
     /// Whether a clean stop has finished: final backup and marker acknowledged.
+    /// Whether the start marker is not acknowledged yet.
+    pub fn is_starting(&self) -> bool {
+        self.phase == Phase::Starting
+    }
+
     pub fn is_stopped(&self) -> bool {
         self.phase == Phase::Stopped
     }
@@ -856,8 +885,8 @@ impl TaskController {
     }
 
     /// The worst-case error a crash now could introduce, from the thresholds:
-    /// θ + l·α for the state and γ + l·β for the outputs (in exact mode l is the
-    /// window a crash during a backup may apply twice; no bound in mode none).
+    /// θ for the state and l·β repeated outputs (see [`crate::thresholds`]; no
+    /// bound in mode none).
     pub fn recovery_bound(&self) -> Option<ErrorBound> {
         match self.mode {
             Mode::None => None,

@@ -15,6 +15,7 @@ use serde::Serialize;
 use super::controller::{Action, Blocked, ControllerConfig, TaskController};
 use super::entry::BackupEntry;
 use super::error::CoreError;
+use super::logged::PriorChain;
 use super::operator::{Operator, ProcessError, Rejected};
 use super::recovery::{BackupMarker, ChangelogState, RecoveryPlan};
 
@@ -23,8 +24,9 @@ use super::recovery::{BackupMarker, ChangelogState, RecoveryPlan};
 pub trait TaskIo<Output> {
     /// Sends one output of the item at `item_offset`; report [`Ack::Output`].
     fn send_output(&mut self, item_offset: u64, output: Output);
-    /// Writes backup `seq`'s entries to the changelog partition, in order, after
-    /// every record written before; report [`Ack::BackupWritten`] or
+    /// Writes backup `seq`'s records (its entries as the changelog logs them,
+    /// [`crate::logged`]) to the changelog partition, in order, after every
+    /// record written before; report [`Ack::BackupWritten`] or
     /// [`Ack::BackupFailed`] once all of them are acknowledged or one failed.
     fn write_backup(&mut self, seq: u64, entries: &[BackupEntry]);
     /// Writes a marker after every changelog record written before it; report
@@ -88,6 +90,12 @@ pub struct DriverStats {
     pub operator_waits: u64,
 }
 
+/// Marker `seq` is reported: the last backup it covers.
+fn marker_done(markers: &mut VecDeque<(u64, u64)>, seq: u64) -> Option<u64> {
+    let index = markers.iter().position(|(s, _)| *s == seq)?;
+    markers.remove(index).map(|(_, covers)| covers)
+}
+
 /// Test-only faults: a driver that breaks its guarantees, so that the property
 /// tests can show they catch one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -106,6 +114,15 @@ pub struct TaskDriver<O: Operator> {
     /// those sent for reuse.
     held: VecDeque<(u64, Vec<BackupEntry>)>,
     spare: Vec<Vec<BackupEntry>>,
+    /// The records of the backup going out.
+    records: Vec<BackupEntry>,
+    /// The priors of keys whose last writes may be missing from the log.
+    priors: PriorChain,
+    /// The keys a recovery restored from priors, written before the start
+    /// marker (kept until it is acknowledged, in case they must go again).
+    rollback: Vec<BackupEntry>,
+    /// Markers in flight and the last backup each covers.
+    markers: VecDeque<(u64, u64)>,
     outputs: Vec<O::Output>,
     stats: DriverStats,
     faults: DriverFaults,
@@ -131,22 +148,33 @@ impl<O: Operator> TaskDriver<O> {
             committed,
             start_offset,
             config.constants,
-        );
-        let driver = Self::start(config, operator, &plan, now_ms, io)?;
+        )
+        .continuing(&changelog.restart);
+        let rollback = changelog.restart.rolled_back.clone();
+        let driver = Self::start(config, operator, &plan, rollback, now_ms, io)?;
         Ok((driver, plan))
     }
 
     /// Starts a task whose operator already holds its state (restored from the
-    /// changelog, or reopened on its local store), at the position `plan` gives.
+    /// changelog, or reopened on its local store), at the position `plan` gives;
+    /// `rollback` holds the keys the restore took from priors
+    /// ([`crate::recovery::Restart::rolled_back`]), written before the start
+    /// marker.
     pub fn start(
         config: ControllerConfig,
         mut operator: O,
         plan: &RecoveryPlan,
+        rollback: Vec<BackupEntry>,
         now_ms: u64,
         io: &mut impl TaskIo<O::Output>,
     ) -> Result<Self, CoreError> {
         let mut actions = Vec::new();
-        let controller = TaskController::start(config, plan, now_ms, &mut actions)?;
+        let rollback = if config.mode == crate::mode::Mode::None {
+            Vec::new()
+        } else {
+            rollback
+        };
+        let controller = TaskController::start(config, plan, !rollback.is_empty(), now_ms, &mut actions)?;
         operator.set_theta(controller.operator_theta());
         let mut driver = TaskDriver {
             operator,
@@ -154,6 +182,10 @@ impl<O: Operator> TaskDriver<O> {
             actions,
             held: VecDeque::new(),
             spare: Vec::new(),
+            records: Vec::new(),
+            priors: PriorChain::new(),
+            rollback,
+            markers: VecDeque::new(),
             outputs: Vec::new(),
             stats: DriverStats::default(),
             faults: DriverFaults::default(),
@@ -338,12 +370,25 @@ impl<O: Operator> TaskDriver<O> {
             }
             Ack::BackupFailed(seq) => {
                 self.stats.backups_failed += 1;
+                self.priors.failed(seq);
                 self.operator.fail_backup(seq);
                 self.controller.backup_failed(seq, actions);
             }
-            Ack::MarkerWritten(seq) => self.controller.marker_written(seq, actions),
+            Ack::MarkerWritten(seq) => {
+                if let Some(covers) = marker_done(&mut self.markers, seq) {
+                    self.priors.covered(covers);
+                }
+                self.controller.marker_written(seq, actions);
+                if !self.rollback.is_empty() && !self.controller.is_starting() {
+                    self.rollback = Vec::new();
+                }
+            }
             Ack::MarkerFailed(seq) => {
                 self.stats.markers_failed += 1;
+                // Its backup's entries may be in the log uncovered.
+                if let Some(covers) = marker_done(&mut self.markers, seq) {
+                    self.priors.failed(covers);
+                }
                 self.controller.marker_failed(seq, actions);
             }
         }
@@ -387,18 +432,25 @@ impl<O: Operator> TaskDriver<O> {
                 }
                 Action::SendBackup { seq } => {
                     if let Some(entries) = self.take_held(seq) {
-                        io.write_backup(seq, &entries);
+                        self.send(seq, &entries, io);
                         self.spare.push(entries);
                     }
                 }
+                Action::SendRollback { seq } => {
+                    let rollback = std::mem::take(&mut self.rollback);
+                    self.send(seq, &rollback, io);
+                    self.rollback = rollback;
+                }
                 Action::AbandonBackup { seq } => {
                     if let Some(entries) = self.take_held(seq) {
+                        self.priors.abandoned(seq, &entries);
                         self.spare.push(entries);
                     }
                     self.operator.fail_backup(seq);
                 }
                 Action::Marker(marker) => {
                     self.stats.markers += 1;
+                    self.markers.push_back((marker.seq, marker.covers));
                     io.write_marker(&marker);
                 }
                 Action::Commit { offset } => {
@@ -409,6 +461,17 @@ impl<O: Operator> TaskDriver<O> {
             }
         }
         self.actions = actions;
+    }
+
+    /// Writes backup `seq`'s entries as the changelog logs them: each with its
+    /// sequence and priors.
+    fn send(&mut self, seq: u64, entries: &[BackupEntry], io: &mut impl TaskIo<O::Output>) {
+        self.records.clear();
+        for entry in entries {
+            let record = self.priors.logged(seq, entry);
+            self.records.push(record);
+        }
+        io.write_backup(seq, &self.records);
     }
 
     /// The held entries of backup `seq` (the oldest, as backups go out in order).

@@ -32,9 +32,23 @@ pub struct BackupEntry {
     pub key: EntryBytes,
     /// `None` deletes the key.
     pub value: Option<EntryBytes>,
+    /// What a structure's backup says the key held in the last backup issued
+    /// before this one (`None`: no backup held it). The driver logs it as the
+    /// entry's prior (see [`crate::logged`]); records read back from a log and
+    /// entries given to a restore carry none.
+    pub prior: Option<EntryBytes>,
 }
 
 impl BackupEntry {
+    /// An entry without a prior: a record as read from a log, or one to restore.
+    pub fn new(key: EntryBytes, value: Option<EntryBytes>) -> Self {
+        BackupEntry {
+            key,
+            value,
+            prior: None,
+        }
+    }
+
     /// The structure tag the key starts with.
     pub fn tag(&self) -> Result<u8, CoreError> {
         self.key

@@ -6,11 +6,12 @@
 //! fail too and none of them lands).
 //! Property tests, the benchmarks and `afstream simulate` use it to prove the
 //! bounds on the very driver the service runs: at every crash it checks that no
-//! output before the recovery point was lost and that at most l·β outputs will
-//! repeat; after every recovery, once the task has caught up to the crash
-//! position, that the recovered state is within the bound of the state lost in
-//! the crash. The bound it checks is computed here, from Θ, L and the failure
-//! count, not taken from the controller.
+//! output before the recovery point was lost and that only outputs of replayed
+//! items repeat, at most β each; after every recovery, once the task has caught
+//! up to the crash position, that the recovered state is within the bound of
+//! the state lost in the crash: θ of each failure since, whatever l. The bound
+//! it checks is computed here, from Θ and the failure count, not taken from
+//! the controller.
 
 use std::collections::VecDeque;
 
@@ -79,8 +80,11 @@ pub enum Violation {
     StateBound { crash: usize, observed: f64, bound: f64 },
     /// An output of an item before the recovery point never reached the sink.
     LostOutput { crash: usize, item_offset: u64 },
-    /// More outputs will be repeated than l·β.
+    /// More outputs will be repeated than β per replayed item.
     RepeatedOutputs { crash: usize, repeated: u64, bound: u64 },
+    /// A recovery restored something else than the state logged at the last
+    /// marker (each key's latest record before it).
+    NotTheMarkedState { crash: usize, key: Vec<u8> },
     /// The task stopped taking input with nothing in flight that could unblock it.
     Stalled { next_offset: u64, reason: String },
 }
@@ -97,7 +101,7 @@ pub struct RecoveryRecord {
     /// The distance from the lost state once caught up (None if a later crash came
     /// first).
     pub observed: Option<f64>,
-    /// The state bound of this failure, computed from Θ, L and k.
+    /// The state bound of this failure, computed from Θ and k.
     pub bound: f64,
     /// Whether the run after this recovery took input. One that crashed before
     /// (its start marker maybe never written) is done again by the next recovery
@@ -145,6 +149,8 @@ pub(crate) struct SimBroker<Out> {
     drop_backups: bool,
     /// The changelog partition, oldest first.
     pub(crate) log: Vec<BackupEntry>,
+    /// Every record that ever landed, in log order: never compacted.
+    pub(crate) landed: Vec<BackupEntry>,
     /// Changelog writes in flight, in the producer's order.
     pub(crate) writes: VecDeque<Due<Write>>,
     pub(crate) outputs: Vec<Due<(u64, Out)>>,
@@ -156,6 +162,9 @@ pub(crate) struct SimBroker<Out> {
     replayed: Vec<(u64, Out)>,
     changelog_records: u64,
     pub(crate) acks: Vec<Ack>,
+    /// A write failed and the task has not heard of it yet: what it sends
+    /// meanwhile fails too (the changelog is gapless: its producer stops).
+    failing: bool,
 }
 
 impl<Out> SimBroker<Out> {
@@ -167,6 +176,7 @@ impl<Out> SimBroker<Out> {
             write_failure_rate: options.write_failure_rate,
             drop_backups: options.drop_backups,
             log: Vec::new(),
+            landed: Vec::new(),
             writes: VecDeque::new(),
             outputs: Vec::new(),
             committed: None,
@@ -174,6 +184,20 @@ impl<Out> SimBroker<Out> {
             replayed: Vec::new(),
             changelog_records: 0,
             acks: Vec::new(),
+            failing: false,
+        }
+    }
+
+    /// Hands the driver the acknowledgements that arrived. Writes it sends
+    /// while a failure's reports come in fail too (and report so at once);
+    /// once it has heard of the failure, writes land again.
+    pub(crate) fn report_to<O: Operator<Output = Out>>(&mut self, driver: &mut TaskDriver<O>) {
+        for ack in std::mem::take(&mut self.acks) {
+            driver.acknowledge(ack, self);
+        }
+        self.failing = false;
+        for ack in std::mem::take(&mut self.acks) {
+            driver.acknowledge(ack, self);
         }
     }
 
@@ -192,10 +216,35 @@ impl<Out> SimBroker<Out> {
         self.rng.gen_bool(self.write_failure_rate.clamp(0.0, 1.0))
     }
 
+    fn land(&mut self, records: &[BackupEntry]) {
+        self.log.extend_from_slice(records);
+        self.landed.extend_from_slice(records);
+    }
+
+    /// The state logged at the last marker, from every record that landed
+    /// (compaction aside): each key's latest record before that marker, as
+    /// its value decodes. What a recovery must restore, found by position
+    /// instead of by the sequences and priors the records carry.
+    pub(crate) fn state_at_last_marker(&self) -> Vec<BackupEntry> {
+        let last = self.landed.iter().rposition(BackupMarker::is_marker);
+        let before = last.map_or(&self.landed[..], |at| &self.landed[..at]);
+        let mut latest = std::collections::BTreeMap::new();
+        for record in before.iter().filter(|r| !BackupMarker::is_marker(r)) {
+            latest.insert(record.key.clone(), record.value.clone());
+        }
+        latest
+            .into_iter()
+            .filter_map(|(key, value)| {
+                let logged = crate::logged::LoggedValue::decode(value.as_deref()).ok()?;
+                logged.value.map(|value| BackupEntry::new(key, Some(value)))
+            })
+            .collect()
+    }
+
     /// What lands of a failed write: any prefix, the whole of it included.
     fn land_prefix(&mut self, records: &[BackupEntry]) {
         let keep = self.rng.gen_range(0..=records.len());
-        self.log.extend_from_slice(&records[..keep]);
+        self.land(&records[..keep]);
     }
 
     /// Completes the writes and outputs due by now (with `force`, the earliest
@@ -212,6 +261,7 @@ impl<Out> SimBroker<Out> {
             };
             delivered = true;
             let failed = self.fails();
+            self.failing |= failed;
             // The changelog is gapless: a failed write fails every write behind
             // it, and none of them lands.
             let behind: Vec<Ack> = if failed {
@@ -232,7 +282,7 @@ impl<Out> SimBroker<Out> {
                         self.acks.push(Ack::BackupFailed(seq));
                     } else {
                         if !self.drop_backups {
-                            self.log.extend(records);
+                            self.land(&records);
                         }
                         self.acks.push(Ack::BackupWritten(seq));
                     }
@@ -240,11 +290,11 @@ impl<Out> SimBroker<Out> {
                 Write::Marker { seq, record } => {
                     if failed {
                         if self.rng.gen_bool(0.5) {
-                            self.log.push(record);
+                            self.land(&[record]);
                         }
                         self.acks.push(Ack::MarkerFailed(seq));
                     } else {
-                        self.log.push(record);
+                        self.land(&[record]);
                         self.acks.push(Ack::MarkerWritten(seq));
                     }
                 }
@@ -283,10 +333,10 @@ impl<Out> SimBroker<Out> {
                 Write::Backup { records, .. } if index == landing => self.land_prefix(&records),
                 Write::Backup { records, .. } => {
                     if !self.drop_backups {
-                        self.log.extend(records)
+                        self.land(&records)
                     }
                 }
-                Write::Marker { record, .. } if index < landing => self.log.push(record),
+                Write::Marker { record, .. } if index < landing => self.land(&[record]),
                 Write::Marker { .. } => {}
             }
         }
@@ -332,6 +382,10 @@ impl<Out> TaskIo<Out> for SimBroker<Out> {
 
     fn write_backup(&mut self, seq: u64, entries: &[BackupEntry]) {
         self.changelog_records += entries.len() as u64;
+        if self.failing {
+            self.acks.push(Ack::BackupFailed(seq));
+            return;
+        }
         let at = self.due().max(self.writes.back().map_or(0, |w| w.at));
         self.writes.push_back(Due {
             at,
@@ -344,6 +398,10 @@ impl<Out> TaskIo<Out> for SimBroker<Out> {
 
     fn write_marker(&mut self, marker: &BackupMarker) {
         self.changelog_records += 1;
+        if self.failing {
+            self.acks.push(Ack::MarkerFailed(marker.seq));
+            return;
+        }
         let at = self.due().max(self.writes.back().map_or(0, |w| w.at));
         self.writes.push_back(Due {
             at,
@@ -368,8 +426,9 @@ struct PendingCheck<O> {
 /// The state bound and l of a failure with `k` failures counted before it,
 /// computed from the configuration alone: θ_k = Θ'/2^(k+1) and
 /// l_k = max(1, ⌊L'/2^(k+1)⌋) under halving (and recovering), Θ' and L' under the
-/// fixed policy (Θ', L' the split thresholds); in exact mode l is two intervals
-/// of items and θ is 0.
+/// fixed policy (Θ', L' the split thresholds); in exact mode θ is 0. The state
+/// bound is θ_k alone: a recovery restores the state logged at its marker and
+/// replays from it exactly.
 pub fn independent_bound(config: &ControllerConfig, k: u32) -> (f64, u64) {
     let global = config.policy.global;
     let divisor = if config.policy.additive {
@@ -388,7 +447,7 @@ pub fn independent_bound(config: &ControllerConfig, k: u32) -> (f64, u64) {
         Mode::Exact(interval) => (0.0, interval.items.map_or(u64::MAX, |n| 2 * n)),
         _ => (theta_split / halving, ((items_split / halving).floor() as u64).max(1)),
     };
-    (theta + items as f64 * config.constants.alpha, items)
+    (theta, items)
 }
 
 /// The simulated task: the driver over the simulated broker.
@@ -447,10 +506,7 @@ where
 
     fn deliver(&mut self, force: bool) -> bool {
         let delivered = self.broker.deliver(force);
-        // Acknowledging writes only queues further writes, never further acks.
-        for ack in std::mem::take(&mut self.broker.acks) {
-            self.driver.acknowledge(ack, &mut self.broker);
-        }
+        self.broker.report_to(&mut self.driver);
         delivered
     }
 
@@ -496,11 +552,17 @@ where
                 .count() as u32,
             _ => counted.count() as u32,
         };
-        let (bound, window) = independent_bound(&self.config, k);
+        let (bound, _) = independent_bound(&self.config, k);
 
         // Recovery: a fresh operator restored from the changelog, resuming at the
         // last marker.
         let changelog = read_changelog(&self.broker.log)?;
+        if !self.options.drop_backups && self.config.mode != Mode::None {
+            let expected = self.broker.state_at_last_marker();
+            if let Some(key) = first_difference(&expected, &changelog.entries) {
+                self.report.violations.push(Violation::NotTheMarkedState { crash, key });
+            }
+        }
         let committed = self.broker.committed;
         let now = self.broker.step;
         let (driver, plan) = TaskDriver::recover(
@@ -529,7 +591,8 @@ where
                 .iter()
                 .filter(|(offset, _)| *offset >= plan.resume_offset && *offset < processed.offset)
                 .count() as u64;
-            let allowed = window.saturating_mul(self.config.constants.beta);
+            let replayed_items = processed.offset.saturating_sub(plan.resume_offset);
+            let allowed = replayed_items.saturating_mul(self.config.constants.beta);
             if repeated > allowed {
                 self.report.violations.push(Violation::RepeatedOutputs {
                     crash,
@@ -696,6 +759,19 @@ where
         delivered.append(&mut self.broker.replayed);
         Ok((self.driver.into_operator(), self.report, delivered))
     }
+}
+
+/// The first key two sorted sets of entries disagree on.
+fn first_difference(expected: &[BackupEntry], restored: &[BackupEntry]) -> Option<Vec<u8>> {
+    let mut restored = restored.iter().peekable();
+    for entry in expected {
+        match restored.next() {
+            Some(r) if r.key == entry.key && r.value == entry.value => {}
+            Some(r) if r.key < entry.key => return Some(r.key.to_vec()),
+            _ => return Some(entry.key.to_vec()),
+        }
+    }
+    restored.next().map(|r| r.key.to_vec())
 }
 
 #[cfg(feature = "fault-injection")]

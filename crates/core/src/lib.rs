@@ -15,6 +15,7 @@ pub mod driver;
 pub mod entry;
 pub mod error;
 pub mod harness;
+pub mod logged;
 pub mod mode;
 pub mod operator;
 pub mod operators;
@@ -32,7 +33,8 @@ pub use error::CoreError;
 pub use mode::{ExactInterval, Mode};
 pub use operator::{AnalysisConstants, BackupScope, Operator, ProcessError, Rejected};
 pub use recovery::{
-    read_changelog, BackupMarker, ChangelogReader, ChangelogState, RecentFailures, RecoveryPlan, ResumeSource,
+    read_changelog, BackupMarker, ChangelogReader, ChangelogState, MarkedState, RecentFailures, RecoveryPlan, Restart,
+    ResumeSource,
 };
 pub use structures::{
     KeyStore, MemoryKeyStore, Norm, StoredDrift, StoredSlot, Tracked, TrackedSet, TrackedTable, TrackedValue,

@@ -1,14 +1,20 @@
 //! Backup markers and the recovery decision.
 //!
 //! Every backup is followed, in the same changelog partition, by a marker record
-//! that says what the backup covers. A starting task reads its changelog
-//! partition to the end, restores the latest record per key (what compaction
-//! keeps) and resumes at the last marker's offset; it continues exactly when
-//! that marker was written by a clean stop, and otherwise counts a failure, so
-//! the thresholds halve. Nothing here needs a value that compaction can remove.
-
+//! that says what the backup covers: the input offset P to resume from, and the
+//! sequence of the last backup whose entries it covers. A starting task reads
+//! its changelog partition to the end and restores the state logged *at the
+//! last marker*: each key's latest record if the marker covers it, else the
+//! record's prior, its value at that marker (see [`crate::logged`], which also
+//! says why compaction cannot remove what this needs). Replaying the input from
+//! P is then exact: no item is applied twice, so a failure adds at most the
+//! divergence between the live state and the logged one when the marker was
+//! issued, which the backups keep within θ. A marker written by a clean stop
+//! covers a complete backup: the task continues exactly and counts no failure;
+//! any other counts one, and the thresholds halve.
 use super::entry::{entry_key, payload, versioned, BackupEntry, EntryBytes, PayloadReader, MARKER_TAG};
 use super::error::CoreError;
+use super::logged::LoggedValue;
 use super::mode::Mode;
 use super::operator::AnalysisConstants;
 use rustc_hash::FxHashMap;
@@ -75,6 +81,10 @@ pub struct BackupMarker {
     /// Who wrote it: the identity of the task's local store (0: none). A
     /// restart trusts its local store only if the last marker is its own.
     pub writer: u64,
+    /// The sequence of the last backup whose entries it covers: entries of
+    /// later backups are restored as their priors ([`crate::logged`]).
+    /// Markers written before priors existed cover every entry (`u64::MAX`).
+    pub covers: u64,
 }
 
 impl BackupMarker {
@@ -101,10 +111,8 @@ impl BackupMarker {
             body.extend_from_slice(&offset.to_le_bytes());
         }
         body.extend_from_slice(&self.writer.to_le_bytes());
-        BackupEntry {
-            key: Self::key(),
-            value: Some(versioned(&body)),
-        }
+        body.extend_from_slice(&self.covers.to_le_bytes());
+        BackupEntry::new(Self::key(), Some(versioned(&body)))
     }
 
     pub fn from_entry(entry: &BackupEntry) -> Result<Self, CoreError> {
@@ -132,6 +140,7 @@ impl BackupMarker {
             },
             recent: RecentFailures::default(),
             writer: 0,
+            covers: u64::MAX,
         };
         let count = usize::from(reader.u8()?);
         if count > RECENT_FAILURES {
@@ -144,34 +153,124 @@ impl BackupMarker {
         for _ in 0..count {
             marker.recent.push(reader.u64()?);
         }
-        // Markers written before local stores existed end here.
+        // Markers written before local stores existed end here, and those
+        // written before priors existed after the writer.
         if !reader.is_empty() {
             marker.writer = reader.u64()?;
+        }
+        if !reader.is_empty() {
+            marker.covers = reader.u64()?;
         }
         reader.finish()?;
         Ok(marker)
     }
 }
 
-/// Reads a changelog partition the way compaction leaves it: the latest record per
-/// key, and the last marker. Feed it the records in log order, compacted or not;
-/// the result is the same either way, which is what makes recovery safe under
-/// compaction.
+/// Turns a changelog's records, in log order, into the entries that rebuild
+/// the state logged at its last marker, and gathers what the restarted task
+/// must write before its start marker: the keys restored from a prior, at the
+/// value restored (so no uncovered record of the crashed run stays a key's
+/// latest), and the sequence to continue from.
+#[derive(Clone, Debug)]
+pub struct MarkedState {
+    covers: u64,
+    rolled_back: FxHashMap<EntryBytes, Option<EntryBytes>>,
+    max_seq: u64,
+}
+
+/// What a restarted task writes and continues from, besides its state.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Restart {
+    /// Keys restored from a prior, at the value restored (`None`: no key), to
+    /// write before the start marker.
+    pub rolled_back: Vec<BackupEntry>,
+    /// Above every sequence the changelog holds.
+    pub next_seq: u64,
+}
+
+impl MarkedState {
+    /// For the changelog a recovery plan was decided from: the state logged
+    /// at the marker it resumes from (with none, every record as it is).
+    pub fn for_plan(plan: &RecoveryPlan) -> Self {
+        let from_marker = matches!(plan.source, ResumeSource::Marker | ResumeSource::LocalStore);
+        MarkedState {
+            covers: if from_marker { plan.covers } else { u64::MAX },
+            rolled_back: FxHashMap::default(),
+            max_seq: plan.next_seq.saturating_sub(1),
+        }
+    }
+
+    /// For a changelog whose last marker is `marker` (none: every record as it is).
+    pub fn new(marker: Option<&BackupMarker>) -> Self {
+        MarkedState {
+            covers: marker.map_or(u64::MAX, |m| m.covers),
+            rolled_back: FxHashMap::default(),
+            max_seq: marker.map_or(0, |m| m.seq),
+        }
+    }
+
+    /// Appends to `out` the entry to restore for each record of `records`
+    /// (markers skipped; `value: None` deletes the key).
+    pub fn resolve(&mut self, records: &[BackupEntry], out: &mut Vec<BackupEntry>) -> Result<(), CoreError> {
+        for record in records {
+            if BackupMarker::is_marker(record) {
+                continue;
+            }
+            out.push(self.resolve_one(&record.key, record.value.as_deref())?);
+        }
+        Ok(())
+    }
+
+    fn resolve_one(&mut self, key: &EntryBytes, value: Option<&[u8]>) -> Result<BackupEntry, CoreError> {
+        let logged = LoggedValue::decode(value)?;
+        self.max_seq = self.max_seq.max(logged.seq);
+        let at_marker = logged.at_marker(self.covers)?.cloned();
+        if logged.seq > self.covers && !logged.priors.is_empty() {
+            self.rolled_back.insert(key.clone(), at_marker.clone());
+        } else {
+            self.rolled_back.remove(key);
+        }
+        Ok(BackupEntry::new(key.clone(), at_marker))
+    }
+
+    pub fn finish(self) -> Restart {
+        let mut rolled_back: Vec<BackupEntry> = self
+            .rolled_back
+            .into_iter()
+            .map(|(key, value)| BackupEntry {
+                key,
+                prior: value.clone(),
+                value,
+            })
+            .collect();
+        rolled_back.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        Restart {
+            rolled_back,
+            next_seq: self.max_seq.saturating_add(1).max(1),
+        }
+    }
+}
+
+/// Reads a changelog partition the way compaction leaves it: the latest record
+/// per key, and the last marker. Feed it the records in log order, compacted or
+/// not; the result is the same either way, which is what makes recovery safe
+/// under compaction.
 #[derive(Clone, Debug, Default)]
 pub struct ChangelogReader {
-    latest: FxHashMap<EntryBytes, EntryBytes>,
+    latest: FxHashMap<EntryBytes, Option<EntryBytes>>,
     marker: Option<BackupEntry>,
     records: u64,
 }
 
-/// What a starting task restores: the latest value of every key (deletions
-/// dropped, as compaction eventually drops them) and the last marker.
+/// What a starting task restores: the state logged at the last marker, the
+/// marker, and what the restart writes before its start marker.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ChangelogState {
     pub entries: Vec<BackupEntry>,
     pub marker: Option<BackupMarker>,
     /// Records read, markers included.
     pub records: u64,
+    pub restart: Restart,
 }
 
 impl ChangelogReader {
@@ -186,34 +285,28 @@ impl ChangelogReader {
             self.marker = Some(entry);
             return;
         }
-        match entry.value {
-            Some(value) => {
-                self.latest.insert(entry.key, value);
-            }
-            None => {
-                self.latest.remove(&entry.key);
-            }
-        }
+        self.latest.insert(entry.key, entry.value);
     }
 
-    /// The state to restore. Fails only when the last marker cannot be decoded:
-    /// without it the task does not know where to resume.
+    /// The state to restore. Fails when the last marker or a record cannot be
+    /// decoded: without them the task does not know where to resume, or from what.
     pub fn finish(self) -> Result<ChangelogState, CoreError> {
         let marker = self.marker.as_ref().map(BackupMarker::from_entry).transpose()?;
-        let mut entries: Vec<BackupEntry> = self
-            .latest
-            .into_iter()
-            .map(|(key, value)| BackupEntry {
-                key,
-                value: Some(value),
-            })
-            .collect();
+        let mut marked = MarkedState::new(marker.as_ref());
+        let mut entries = Vec::with_capacity(self.latest.len());
+        for (key, value) in &self.latest {
+            let entry = marked.resolve_one(key, value.as_deref())?;
+            if entry.value.is_some() {
+                entries.push(entry);
+            }
+        }
         // A deterministic order, so restores are repeatable.
         entries.sort_unstable_by(|a, b| a.key.cmp(&b.key));
         Ok(ChangelogState {
             entries,
             marker,
             records: self.records,
+            restart: marked.finish(),
         })
     }
 }
@@ -242,6 +335,11 @@ pub struct RecoveryPlan {
     pub source: ResumeSource,
     /// Where the latest failures resumed, this one included.
     pub recent: RecentFailures,
+    /// The last backup whose entries the resumed marker covers.
+    pub covers: u64,
+    /// The sequence the task's backups and markers continue from: above every
+    /// one its changelog holds ([`Restart::next_seq`]).
+    pub next_seq: u64,
 }
 
 /// Where a start position came from.
@@ -268,17 +366,26 @@ impl RecoveryPlan {
             introduced: ErrorBound::default(),
             source: ResumeSource::Beginning,
             recent: RecentFailures::default(),
+            covers: 0,
+            next_seq: 1,
+        }
+    }
+
+    /// Continues the sequences above those of a changelog that held `restart`.
+    pub fn continuing(self, restart: &Restart) -> Self {
+        RecoveryPlan {
+            next_seq: self.next_seq.max(restart.next_seq),
+            ..self
         }
     }
 
     /// Decides from the last marker in the changelog. The recovery point is the
-    /// marker's offset: the restored state is the latest record per key, which
-    /// holds every backup up to that marker and at most one incomplete backup
-    /// after it (taken at most l items past the marker), so replaying from the
-    /// marker applies at most l items twice. A marker written by a clean stop
-    /// means an exact state and no failure. The committed offset is used only
-    /// where there is no marker (a task that never wrote one, or mode none, which
-    /// writes none).
+    /// marker's offset and the restored state the one logged at the marker
+    /// ([`MarkedState`]), so replaying from the marker is exact and the failure
+    /// adds at most the θ in force when the marker was written. A marker written
+    /// by a clean stop means an exact state and no failure. The committed offset
+    /// is used only where there is no marker (a task that never wrote one, or
+    /// mode none, which writes none).
     pub fn decide(
         mode: Mode,
         last_marker: Option<&BackupMarker>,
@@ -301,6 +408,8 @@ impl RecoveryPlan {
                 introduced: ErrorBound::default(),
                 source: ResumeSource::Marker,
                 recent: marker.recent,
+                covers: marker.covers,
+                next_seq: marker.seq.saturating_add(1),
             },
             (_, Some(marker)) => RecoveryPlan {
                 resume_offset: marker.input_offset,
@@ -313,6 +422,8 @@ impl RecoveryPlan {
                     recent.push(marker.input_offset);
                     recent
                 },
+                covers: marker.covers,
+                next_seq: marker.seq.saturating_add(1),
             },
         }
     }
@@ -333,6 +444,8 @@ impl RecoveryPlan {
             Some(marker) => (marker.failures, marker.recent),
             None => (0, RecentFailures::default()),
         };
+        let covers = last_marker.map_or(0, |m| m.covers);
+        let next_seq = last_marker.map_or(1, |m| m.seq.saturating_add(1));
         if clean {
             return RecoveryPlan {
                 resume_offset: store_offset,
@@ -341,6 +454,8 @@ impl RecoveryPlan {
                 introduced: ErrorBound::default(),
                 source: ResumeSource::LocalStore,
                 recent,
+                covers,
+                next_seq,
             };
         }
         let mut recent = recent;
@@ -355,6 +470,8 @@ impl RecoveryPlan {
             },
             source: ResumeSource::LocalStore,
             recent,
+            covers,
+            next_seq,
         }
     }
 }
@@ -403,12 +520,25 @@ mod tests {
             clean,
             recent: RecentFailures::default(),
             writer: 0xfeed_beef,
+            covers: 6,
         }
     }
 
     #[test]
-    fn a_marker_without_a_writer_is_one_written_before_local_stores() {
+    fn older_markers_read_without_a_writer_or_what_they_cover() {
         let mut entry = marker(false).to_entry();
+        let value = entry.value.as_mut().unwrap();
+        let shorter = value.len() - 8;
+        value.truncate(shorter);
+        let decoded = BackupMarker::from_entry(&entry).unwrap();
+        assert_eq!(
+            BackupMarker {
+                covers: u64::MAX,
+                ..marker(false)
+            },
+            decoded,
+            "written before priors: it covers every entry"
+        );
         let value = entry.value.as_mut().unwrap();
         let shorter = value.len() - 8;
         value.truncate(shorter);
@@ -417,6 +547,7 @@ mod tests {
         assert_eq!(
             BackupMarker {
                 writer: 0,
+                covers: u64::MAX,
                 ..marker(false)
             },
             decoded
@@ -433,6 +564,7 @@ mod tests {
         BackupEntry {
             key: entry_key(1, key),
             value: value.map(versioned),
+            prior: None,
         }
     }
 
@@ -489,7 +621,8 @@ mod tests {
         ));
         assert!(BackupMarker::from_entry(&BackupEntry {
             key: BackupMarker::key(),
-            value: None
+            value: None,
+            prior: None
         })
         .is_err());
     }
@@ -527,6 +660,7 @@ mod tests {
         broken.push(BackupEntry {
             key: BackupMarker::key(),
             value: Some(versioned(b"short")),
+            prior: None,
         });
         assert!(
             read_changelog(&broken).is_err(),
@@ -550,8 +684,9 @@ mod tests {
         assert!(plan.counted_failure);
         assert_eq!(plan.failures, 3);
         assert_eq!(plan.resume_offset, 1000);
-        assert_eq!(plan.introduced.state, 12.5 + 100.0 * 2.0);
-        assert_eq!(plan.introduced.outputs, 50.0 + 100.0);
+        assert_eq!(plan.introduced.state, 12.5, "θ alone, whatever α and l");
+        assert_eq!(plan.introduced.outputs, 100.0, "l·β repeated");
+        assert_eq!((plan.covers, plan.next_seq), (6, 8));
     }
 
     #[test]

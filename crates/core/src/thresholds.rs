@@ -1,22 +1,30 @@
 //! From the user's global thresholds Θ, L, Γ to one task's θ, l, γ.
 //!
-//! Bounds (α, β from [`AnalysisConstants`]):
+//! What one failure costs under θ, l, γ (β from [`AnalysisConstants`]): the
+//! recovered state is the one logged at the last marker, within θ of the live
+//! state when that marker was issued, and the input is replayed from the
+//! marker exactly (see [`crate::recovery`]), so the **state** gains at most θ.
+//! No output is lost (a marker waits for the outputs before it); the replay
+//! **repeats** the outputs of the items it replays, at most β each. Markers go
+//! out at least every l items without waiting for acknowledgements, so a replay
+//! is about l items (more only by the items whose markers were still in flight
+//! at the crash): [`TaskThresholds::failure_bound`] reports l·β repeated
+//! outputs. γ bounds the outputs unacknowledged at any moment.
 //!
 //! * **Halving** (default): a task starts at Θ/2, L/2, Γ/2 and halves after every
-//!   recovery, so failure k (counting from 0) runs with θ_k = Θ/2^(k+1). One failure
-//!   adds at most θ_k + l_k·α to the state and γ_k + l_k·β lost or repeated outputs;
-//!   over any number of failures the sums stay below Θ + L·α and Γ + L·β. Once l or
-//!   γ reach their floors (1 item, β outputs) they stop halving and each further
-//!   failure adds its floor: [`ThresholdPolicy::bound_after`] sums the real values.
+//!   recovery, so failure k (counting from 0) runs with θ_k = Θ/2^(k+1). Over any
+//!   number of failures the state errors sum to less than Θ. Once l or γ reach
+//!   their floors (1 item, β outputs) they stop halving:
+//!   [`ThresholdPolicy::bound_after`] sums the real values.
 //! * **Fixed**: θ = Θ, l = L, γ = Γ forever, for unbounded streams where failures
-//!   never stop; after k failures the bound is k·(Θ + L·α).
+//!   never stop; after k failures the bound is k·Θ.
 //! * **Recovering** (window W items): halving, but a failure stops counting once
 //!   W input items have passed since the offset its recovery resumed at, so the
 //!   thresholds (and throughput) come back. The failures that count at any moment
 //!   all lie within the last W items, so the failures of any stretch of W items add
-//!   at most Θ + L·α and Γ + L·β between them; over a stream of N items the total is
-//!   at most ⌈N/W⌉ times that. The failure offsets that still count travel in the
-//!   markers (the latest [`RECENT_FAILURES`] of them).
+//!   at most Θ between them; over a stream of N items the total is at most
+//!   ⌈N/W⌉·Θ. The failure offsets that still count travel in the markers (the
+//!   latest [`RECENT_FAILURES`] of them).
 //! * **Parallel tasks**: when divergences add up across the n tasks of an operator,
 //!   each task uses Θ/n, L/n, Γ/n before halving (Θ/(2n) at the start), so the
 //!   tasks together keep the global bound. A per-key maximum needs no split: every
@@ -95,16 +103,18 @@ pub struct TaskThresholds {
 }
 
 impl TaskThresholds {
-    /// The worst-case error one failure under these thresholds can introduce.
+    /// What one failure under these thresholds can introduce: θ of state
+    /// divergence, and the outputs a replay of l items repeats (see the module
+    /// docs).
     pub fn failure_bound(&self, constants: AnalysisConstants) -> ErrorBound {
         ErrorBound {
-            state: self.theta + self.items as f64 * constants.alpha,
-            outputs: self.outputs as f64 + (self.items * constants.beta) as f64,
+            state: self.theta,
+            outputs: self.items.saturating_mul(constants.beta) as f64,
         }
     }
 }
 
-/// A worst-case error: divergence of the state, and lost or repeated outputs.
+/// A worst-case error: divergence of the state, and repeated outputs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ErrorBound {
     pub state: f64,
@@ -298,12 +308,13 @@ impl ThresholdPolicy {
             .fold(ErrorBound::default(), |a, b| a + b)
     }
 
-    /// The bound that halving guarantees for any number of failures, while l and γ
-    /// stay above their floors: Θ + L·α and Γ + L·β (split for this task).
+    /// The bound that halving guarantees for any number of failures, while l
+    /// stays above its floor: Θ of state and L·β repeated outputs (split for
+    /// this task).
     pub fn limit(&self, constants: AnalysisConstants) -> ErrorBound {
         ErrorBound {
-            state: self.split_theta() + self.split_items() * constants.alpha,
-            outputs: self.split_outputs() + self.split_items() * constants.beta as f64,
+            state: self.split_theta(),
+            outputs: self.split_items() * constants.beta as f64,
         }
     }
 }
@@ -393,11 +404,11 @@ mod tests {
     }
 
     #[test]
-    fn the_halving_limit_is_theta_plus_l_alpha() {
+    fn the_halving_limit_is_theta_and_l_beta_whatever_alpha() {
         let p = policy(1000.0, 100, 50);
         let c = AnalysisConstants { alpha: 2.0, beta: 3 };
         let limit = p.limit(c);
-        assert_eq!((limit.state, limit.outputs), (1000.0 + 100.0 * 2.0, 50.0 + 100.0 * 3.0));
+        assert_eq!((limit.state, limit.outputs), (1000.0, 100.0 * 3.0));
     }
 
     #[test]
@@ -405,11 +416,11 @@ mod tests {
         let mut p = policy(100.0, 10, 10);
         p.failures = FailurePolicy::Fixed;
         assert_eq!(p.for_failures(7).theta, 100.0);
-        assert_eq!(p.bound_after(3, ONE).state, 3.0 * (100.0 + 10.0));
-        assert_eq!(p.bound_after(3, ONE).outputs, 3.0 * (10.0 + 10.0));
+        assert_eq!(p.bound_after(3, ONE).state, 3.0 * 100.0);
+        assert_eq!(p.bound_after(3, ONE).outputs, 3.0 * 10.0);
         let wide = AnalysisConstants { alpha: 2.0, beta: 3 };
         let one = p.for_failures(0).failure_bound(wide);
-        assert_eq!((one.state, one.outputs), (100.0 + 10.0 * 2.0, 10.0 + 10.0 * 3.0));
+        assert_eq!((one.state, one.outputs), (100.0, 10.0 * 3.0));
     }
 
     #[test]

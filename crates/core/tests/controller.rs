@@ -3,6 +3,7 @@
 use afstream_core::{
     Action, AnalysisConstants, BackupMarker, BackupScope, Blocked, ControllerConfig, ExactInterval, FailurePolicy,
     GlobalThresholds, Mode, Placement, RecoveryPlan, ResumeSource, TaskController, ThresholdPolicy,
+    DEFAULT_MAX_BACKUPS_IN_FLIGHT,
 };
 
 const CONSTANTS: AnalysisConstants = AnalysisConstants { alpha: 1.0, beta: 1 };
@@ -68,7 +69,7 @@ fn one_item(
 /// A started task whose start marker is acknowledged.
 fn running(config: ControllerConfig) -> TaskController {
     let mut actions = Vec::new();
-    let mut c = TaskController::start(config, &RecoveryPlan::fresh(0), 0, &mut actions).unwrap();
+    let mut c = TaskController::start(config, &RecoveryPlan::fresh(0), false, 0, &mut actions).unwrap();
     if config.mode != Mode::None {
         let start = markers(&actions);
         assert_eq!(start.len(), 1, "every start writes a marker first: {actions:?}");
@@ -98,7 +99,11 @@ fn backs_up_when_divergence_crosses_theta_and_not_before() {
     }
     assert!(backups(&actions).is_empty(), "divergence 10 is not over θ = 10");
     one_item(&mut c, 10, 0, 11.0, 0, &mut actions);
-    assert_eq!(backups(&actions), vec![(1, BackupScope::Drifted)]);
+    assert_eq!(
+        backups(&actions),
+        vec![(2, BackupScope::Drifted)],
+        "sequences start at 1: the start marker's"
+    );
     assert_eq!(
         markers(&actions)[0].input_offset,
         11,
@@ -108,7 +113,7 @@ fn backs_up_when_divergence_crosses_theta_and_not_before() {
     // one issued, acknowledged or not.
     actions.clear();
     one_item(&mut c, 11, 0, 12.0, 0, &mut actions);
-    assert_eq!(backups(&actions), vec![(3, BackupScope::Drifted)]);
+    assert_eq!(backups(&actions), vec![(4, BackupScope::Drifted)]);
     assert_eq!(markers(&actions)[0].input_offset, 12);
     // At most four are in flight: a fifth trigger waits for one to close, and
     // its backup then covers every item since.
@@ -118,18 +123,18 @@ fn backs_up_when_divergence_crosses_theta_and_not_before() {
     }
     assert_eq!(
         backups(&actions),
-        vec![(5, BackupScope::Drifted), (7, BackupScope::Drifted)]
+        vec![(6, BackupScope::Drifted), (8, BackupScope::Drifted)]
     );
     actions.clear();
-    c.backup_written(1, &mut actions);
-    assert_eq!(backups(&actions), vec![(9, BackupScope::Drifted)]);
+    c.backup_written(2, &mut actions);
+    assert_eq!(backups(&actions), vec![(10, BackupScope::Drifted)]);
     assert_eq!(markers(&actions)[0].input_offset, 16);
 }
 
 #[test]
-fn backs_up_every_quarter_l_items() {
-    // L = 80 → l = 40, a backup every 10 items.
-    let mut c = running(config(Mode::Approximate, 1e9, 80, 100));
+fn backs_up_every_half_l_items() {
+    // L = 40 → l = 20, a backup every 10 items.
+    let mut c = running(config(Mode::Approximate, 1e9, 40, 100));
     let mut actions = Vec::new();
     for offset in 0..9 {
         one_item(&mut c, offset, 0, 0.0, 0, &mut actions);
@@ -140,7 +145,7 @@ fn backs_up_every_quarter_l_items() {
         panic!("{actions:?}")
     };
     complete_backup(&mut c, seq);
-    // The next one comes ⌈l/4⌉ items after this one, not sooner.
+    // The next one comes ⌈l/2⌉ items after this one, not sooner.
     actions.clear();
     for offset in 10..19 {
         one_item(&mut c, offset, 0, 0.0, 0, &mut actions);
@@ -152,8 +157,8 @@ fn backs_up_every_quarter_l_items() {
 
 #[test]
 fn a_backup_for_l_goes_out_when_the_run_ends_and_covers_all_of_it() {
-    // L = 80 → l = 40, a backup every 10 items; one run of 35 items.
-    let mut c = running(config(Mode::Approximate, 1e9, 80, 100));
+    // L = 40 → l = 20, a backup every 10 items; one run of 35 items.
+    let mut c = running(config(Mode::Approximate, 1e9, 40, 100));
     let mut actions = Vec::new();
     for offset in 0..35 {
         c.item_processed(offset, 0, 0.0, 0, &mut actions);
@@ -165,7 +170,7 @@ fn a_backup_for_l_goes_out_when_the_run_ends_and_covers_all_of_it() {
     };
     complete_backup(&mut c, seq);
     assert_eq!(c.marked().offset, 35, "its marker covers the whole run");
-    // A run shorter than ⌈l/4⌉ owes no backup.
+    // A run shorter than ⌈l/2⌉ owes no backup.
     actions.clear();
     for offset in 35..44 {
         c.item_processed(offset, 0, 0.0, 0, &mut actions);
@@ -179,8 +184,8 @@ fn a_backup_for_l_goes_out_when_the_run_ends_and_covers_all_of_it() {
 
 #[test]
 fn a_backup_for_l_within_theta_writes_only_what_is_owed_and_a_later_theta_trigger_widens_it() {
-    // Θ = 20 → θ = 10; L = 80 → l = 40, a backup every 10 items.
-    let mut c = running(config(Mode::Approximate, 20.0, 80, 100));
+    // Θ = 20 → θ = 10; L = 40 → l = 20, a backup every 10 items.
+    let mut c = running(config(Mode::Approximate, 20.0, 40, 100));
     let mut actions = Vec::new();
     for offset in 0..10 {
         one_item(&mut c, offset, 0, 5.0, 0, &mut actions);
@@ -258,24 +263,29 @@ fn a_marker_waits_for_its_entries_and_the_outputs_before_it_then_commits() {
 }
 
 #[test]
-fn input_waits_at_l_items_past_the_last_acknowledged_marker() {
+fn input_never_waits_for_a_marker() {
     let mut c = running(config(Mode::Approximate, 1e9, 16, 100));
-    // l = 8: backups every 2 items, input waits at 8 items past the marker.
+    // l = 8: a backup for l every 4 items; nothing is ever acknowledged.
     let mut actions = Vec::new();
-    for offset in 0..8 {
-        assert_eq!(c.readiness(), Ok(()));
+    for offset in 0..200 {
+        assert_eq!(c.readiness(), Ok(()), "item {offset}: input never waits for a marker");
         one_item(&mut c, offset, 0, 0.0, 0, &mut actions);
+        c.run_ended(&mut actions);
     }
-    assert_eq!(c.readiness(), Err(Blocked::Window));
-    assert_eq!(c.items_past_marker(), 8);
-    // What the driver counts when input waits: a stall, not one for outputs.
-    c.count_stall(Blocked::Window);
-    assert_eq!((c.stalls(), c.stalls_for_outputs()), (1, 0));
-    // The first backup (after item 1) completes: the window moves to it.
-    let seq = backups(&actions)[0].0;
-    complete_backup(&mut c, seq);
-    assert_eq!(c.items_past_marker(), 6);
-    assert_eq!(c.readiness(), Ok(()));
+    assert_eq!(c.items_past_marker(), 200);
+    // The backups in flight are capped; each marker covers its own backup.
+    let issued = markers(&actions);
+    assert_eq!(issued.len(), DEFAULT_MAX_BACKUPS_IN_FLIGHT, "{issued:?}");
+    let offsets: Vec<u64> = issued.iter().map(|m| m.input_offset).collect();
+    assert_eq!(offsets, vec![4, 8, 12, 16]);
+    let covers: Vec<u64> = issued.iter().map(|m| m.covers).collect();
+    assert!(covers.windows(2).all(|w| w[0] < w[1]), "{covers:?}");
+    // One closes: the next covers every item since.
+    let actions = complete_backup(&mut c, backups(&actions)[0].0);
+    assert_eq!(
+        markers(&actions).iter().map(|m| m.input_offset).collect::<Vec<_>>(),
+        vec![200]
+    );
 }
 
 #[test]
@@ -561,15 +571,22 @@ fn a_recovery_writes_its_failure_count_before_taking_input() {
         introduced: Default::default(),
         source: ResumeSource::Marker,
         recent: Default::default(),
+        covers: 9,
+        next_seq: 12,
     };
     let mut actions = Vec::new();
-    let mut c = TaskController::start(config, &plan, 0, &mut actions).unwrap();
+    let mut c = TaskController::start(config, &plan, false, 0, &mut actions).unwrap();
     assert_eq!(c.readiness(), Err(Blocked::StartMarker));
     let [marker] = markers(&actions)[..] else {
         panic!("expected the start marker, got {actions:?}")
     };
     assert_eq!(marker.failures, 3);
     assert_eq!(marker.input_offset, 40);
+    assert_eq!(
+        (marker.seq, marker.covers),
+        (12, 9),
+        "sequences continue; the marker covers what the last did"
+    );
     assert!(!marker.clean, "a run's first marker is never clean");
     assert_eq!(c.thresholds().theta, 100.0 / 16.0, "Θ/2^(k+1) with k = 3");
     actions.clear();
@@ -607,11 +624,12 @@ fn under_the_recovering_policy_thresholds_come_back_after_the_window() {
             recent
         },
         writer: 0,
+        covers: 3,
     };
     let plan = RecoveryPlan::decide(Mode::Approximate, Some(&marker), None, 0, CONSTANTS);
     assert_eq!(plan.recent.as_slice(), &[10, 50]);
     let mut actions = Vec::new();
-    let mut c = TaskController::start(config, &plan, 0, &mut actions).unwrap();
+    let mut c = TaskController::start(config, &plan, false, 0, &mut actions).unwrap();
     assert_eq!(c.thresholds().theta, 64.0 / 8.0, "two failures count");
     assert_eq!(
         markers(&actions)[0].recent.as_slice(),
@@ -650,7 +668,8 @@ fn invalid_exact_interval_is_an_error() {
         millis: None,
     });
     let mut actions = Vec::new();
-    let err = TaskController::start(config(bad, 1.0, 1, 1), &RecoveryPlan::fresh(0), 0, &mut actions).unwrap_err();
+    let err =
+        TaskController::start(config(bad, 1.0, 1, 1), &RecoveryPlan::fresh(0), false, 0, &mut actions).unwrap_err();
     assert!(err.to_string().contains("exact interval"), "{err}");
 }
 
@@ -669,8 +688,8 @@ fn the_state_a_task_reports() {
     complete_backup(&mut c, seq);
     assert!(!c.backup_open());
     let bound = c.recovery_bound().expect("approximate mode has a bound");
-    assert_eq!(bound.state, 10.0 + 20.0 * 1.0, "θ + l·α");
-    assert_eq!(bound.outputs, 50.0 + 20.0 * 1.0, "γ + l·β");
+    assert_eq!(bound.state, 10.0, "θ alone: a replay from the marker is exact");
+    assert_eq!(bound.outputs, 20.0 * 1.0, "the outputs of l replayed items, l·β");
     assert_eq!(c.operator_theta(), 10.0);
     let none = running(config(Mode::None, 20.0, 40, 100));
     assert_eq!(none.recovery_bound(), None, "mode none claims no bound");
@@ -720,7 +739,7 @@ fn an_acknowledgement_of_a_marker_never_written_changes_nothing() {
     // reaches the new task, whose start marker is still in flight.
     let config = config(Mode::Approximate, 100.0, 1000, 100);
     let mut actions = Vec::new();
-    let mut c = TaskController::start(config, &RecoveryPlan::fresh(0), 0, &mut actions).unwrap();
+    let mut c = TaskController::start(config, &RecoveryPlan::fresh(0), false, 0, &mut actions).unwrap();
     let [start] = markers(&actions)[..] else {
         panic!("expected the start marker, got {actions:?}")
     };

@@ -89,17 +89,20 @@ fn undecodable_and_foreign_entries_are_typed_errors() {
     let foreign = BackupEntry {
         key: [9, 1, 2].as_slice().into(),
         value: Some([1].as_slice().into()),
+        prior: None,
     };
     let err = op.restore(&[foreign]).unwrap_err();
     assert!(err.to_string().contains("tag 9"), "{err}");
     let short_key = BackupEntry {
         key: [1, 2].as_slice().into(),
         value: Some([1].as_slice().into()),
+        prior: None,
     };
     assert!(matches!(op.restore(&[short_key]), Err(CoreError::Undecodable { .. })));
     let future = BackupEntry {
         key: [vec![1], 5u64.to_be_bytes().to_vec()].concat().as_slice().into(),
         value: Some([7].as_slice().into()),
+        prior: None,
     };
     assert!(matches!(
         op.restore(&[future]),

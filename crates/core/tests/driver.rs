@@ -41,18 +41,19 @@ impl<Output> TaskIo<Output> for Recorder {
     }
 }
 
-fn word_count_driver(io: &mut Recorder, max_uncovered: u64) -> TaskDriver<WordCount> {
+fn word_count_driver(io: &mut Recorder, max_uncovered: u64, max_unacked: u64) -> TaskDriver<WordCount> {
     let operator = WordCount::new(WordCountConfig {
         max_words_per_line: 3,
         ..WordCountConfig::default()
     })
     .expect("a valid WordCount");
     let constants = operator.constants();
-    let global = GlobalThresholds::new(1e9, max_uncovered, 1_000).expect("valid thresholds");
+    let global = GlobalThresholds::new(1e9, max_uncovered, max_unacked).expect("valid thresholds");
     let policy = ThresholdPolicy::new(global, FailurePolicy::Halving, Placement::default(), true, constants)
         .expect("a valid policy");
     let config = ControllerConfig::new(Mode::Approximate, policy, constants);
-    let mut driver = TaskDriver::start(config, operator, &RecoveryPlan::fresh(0), 0, io).expect("a started driver");
+    let mut driver =
+        TaskDriver::start(config, operator, &RecoveryPlan::fresh(0), Vec::new(), 0, io).expect("a started driver");
     let start = io.markers.pop().expect("a start marker");
     driver.acknowledge(Ack::MarkerWritten(start.seq), io);
     driver
@@ -75,7 +76,7 @@ fn acknowledge_backups(driver: &mut TaskDriver<WordCount>, io: &mut Recorder) {
 #[test]
 fn refused_records_are_read_and_their_dead_letters_hold_back_the_marker() {
     let mut io = Recorder::default();
-    let mut driver = word_count_driver(&mut io, 16);
+    let mut driver = word_count_driver(&mut io, 8, 1_000);
     let lines = ["a b".to_string(), "one two three four".to_string(), "c".to_string()];
     let taken = driver
         .process([(0, &lines[0]), (1, &lines[1]), (2, &lines[2])], 0, &mut io)
@@ -98,7 +99,7 @@ fn refused_records_are_read_and_their_dead_letters_hold_back_the_marker() {
     assert_eq!(driver.controller().processed().offset, 4, "a refused record is read");
     assert_eq!(driver.controller().unacknowledged_outputs(), 5);
 
-    // L = 16 gives this task l = 8: a backup is due every two records, issued
+    // L = 8 gives this task l = 4: a backup is due every two records, issued
     // at the end of a run (the first covers the run of three). A backup's
     // entries and then its marker wait for every output and dead letter before
     // its offset.
@@ -132,10 +133,11 @@ fn refused_records_are_read_and_their_dead_letters_hold_back_the_marker() {
 #[test]
 fn a_refused_record_waits_like_an_item_when_input_must() {
     let mut io = Recorder::default();
-    let mut driver = word_count_driver(&mut io, 2);
+    // Γ = 4: γ = 2 outputs unacknowledged at most, one per line.
+    let mut driver = word_count_driver(&mut io, 2, 4);
     let line = "x".to_string();
     let mut offset = 0;
-    // Take input, never acknowledging a marker, until the driver must wait.
+    // Take input, never acknowledging an output, until the driver must wait.
     while driver.process([(offset, &line)], 0, &mut io).expect("processed") == 1 {
         offset += 1;
         assert!(offset < 100, "input never had to wait");
@@ -163,7 +165,8 @@ fn a_waiting_operator_takes_no_input_and_a_side_input_past_theta_is_backed_up_at
         .expect("a valid policy");
     let config = ControllerConfig::new(Mode::Approximate, policy, constants);
     let io = &mut Recorder::default();
-    let mut driver = TaskDriver::start(config, operator, &RecoveryPlan::fresh(0), 0, io).expect("a started driver");
+    let mut driver =
+        TaskDriver::start(config, operator, &RecoveryPlan::fresh(0), Vec::new(), 0, io).expect("a started driver");
     let start = io.markers.pop().expect("a start marker");
     driver.acknowledge(Ack::MarkerWritten(start.seq), io);
 

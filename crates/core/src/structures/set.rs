@@ -100,11 +100,14 @@ impl<K: TableKey> Tracked for TrackedSet<K> {
         let owed = self.owed.iter().filter(|member| !self.changed.contains(*member));
         for member in self.changed.iter().chain(owed) {
             let present = self.members.contains(member);
+            // A changed member's presence differs from the last backup's.
+            let present_before = present != self.changed.contains(member);
             let mut key = entry_key(self.tag, &[]);
             member.write_key(&mut key);
             out.push(BackupEntry {
                 key,
                 value: present.then(|| versioned(&[])),
+                prior: present_before.then(|| versioned(&[])),
             });
             snapshot.push(member.clone());
         }

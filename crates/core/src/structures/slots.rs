@@ -19,7 +19,7 @@ use super::Norm;
 
 const DIRTY: u8 = 1; // changed since it was last included in a backup (L1, L2, key count)
 const OVER: u8 = 2; // |live - backed| > θ·WRITE_FRACTION (max difference): written by the next backup
-const PRESENT: u8 = 4; // included in a backup issued (key count)
+const PRESENT: u8 = 4; // included in a backup issued
 const OWED: u8 = 8; // written by a backup that failed (or in flight at a crash), so possibly in the store
 const CHANGED: u8 = 16; // store-backed: changed since it was last staged for the local store
 const PINNED: u8 = 32; // store-backed, transient: held by a backup in flight
@@ -37,11 +37,21 @@ struct Slot {
     backed: f64,
 }
 
+/// A slot a backup wrote: its value, and what the last backup issued before
+/// held for it (`None`: none held it), which the changelog logs as the entry's
+/// prior (see [`crate::logged`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Written {
+    pub index: u32,
+    pub value: f64,
+    pub prior: Option<f64>,
+}
+
 /// A backup in flight: what it wrote, owed again should it fail.
 #[derive(Clone, Debug)]
 struct Pending {
     seq: u64,
-    values: Vec<(u32, f64)>,
+    values: Vec<Written>,
 }
 
 /// Dense slots with a divergence kept incrementally against the last backup
@@ -322,7 +332,7 @@ impl DriftSlots {
     /// values. `Drifted` holds what the divergence counts (for the max difference
     /// the slots over θ/2, see `WRITE_FRACTION`); `Complete` holds every slot that differs from the backup, so
     /// that after its acknowledgement the backup equals the state at this moment.
-    pub fn backup(&mut self, seq: u64, scope: BackupScope) -> &[(u32, f64)] {
+    pub fn backup(&mut self, seq: u64, scope: BackupScope) -> &[Written] {
         // Under memory pressure a max-difference backup also writes the small
         // drifts (it becomes complete), so that their slots turn clean and can be
         // evicted once it is acknowledged.
@@ -387,9 +397,14 @@ impl DriftSlots {
         }
         // The baseline moves now: the next backup is measured from this one (see
         // the module docs for why that holds while it is in flight).
-        for &(index, _) in &values {
-            self.rebase(index);
-        }
+        let values: Vec<Written> = values
+            .into_iter()
+            .map(|(index, value)| {
+                let prior = self.has(index, PRESENT).then(|| self.slots[index as usize].backed);
+                self.rebase(index);
+                Written { index, value, prior }
+            })
+            .collect();
         if self.norm == Norm::Max {
             let flags = &self.flags;
             self.over.retain(|&i| flags[i as usize] & OVER != 0);
@@ -424,8 +439,8 @@ impl DriftSlots {
     pub fn acknowledge(&mut self, seq: u64) {
         while self.pending.front().is_some_and(|p| p.seq <= seq) {
             let Some(done) = self.pending.pop_front() else { break };
-            for (index, _) in done.values {
-                self.mark_changed(index);
+            for written in done.values {
+                self.mark_changed(written.index);
             }
         }
     }
@@ -438,15 +453,13 @@ impl DriftSlots {
         let drift = slot.live - slot.backed;
         slot.backed = slot.live;
         let flags = &mut self.flags[index as usize];
+        let was_present = *flags & PRESENT != 0;
+        *flags |= PRESENT;
         match self.norm {
             Norm::L1 => self.sum -= drift.abs(),
             Norm::L2 => self.sum -= drift * drift,
-            Norm::KeyCount => {
-                if *flags & PRESENT == 0 {
-                    *flags |= PRESENT;
-                    self.sum -= 1.0;
-                }
-            }
+            Norm::KeyCount if !was_present => self.sum -= 1.0,
+            Norm::KeyCount => {}
             Norm::Max => *flags &= !OVER,
         }
     }
@@ -463,7 +476,7 @@ impl DriftSlots {
         // The store may hold what the failed backup wrote (a timed-out write can
         // still land) or what was there before it, so every slot it wrote is owed
         // again, even one whose drift from the baseline is now small.
-        for (index, _) in failed.values {
+        for Written { index, .. } in failed.values {
             self.mark_changed(index);
             self.owe(index);
             if self.norm != Norm::Max {
@@ -482,15 +495,13 @@ impl DriftSlots {
         slot.backed = value;
         let flags = &mut self.flags[index as usize];
         *flags &= !DIRTY;
+        let was_present = *flags & PRESENT != 0;
+        *flags |= PRESENT;
         match self.norm {
             Norm::L1 => self.sum -= old_drift.abs(),
             Norm::L2 => self.sum -= old_drift * old_drift,
-            Norm::KeyCount => {
-                if *flags & PRESENT == 0 {
-                    *flags |= PRESENT;
-                    self.sum -= 1.0;
-                }
-            }
+            Norm::KeyCount if !was_present => self.sum -= 1.0,
+            Norm::KeyCount => {}
             Norm::Max => *flags &= !OVER,
         }
         if self.norm == Norm::Max {
@@ -519,12 +530,14 @@ impl DriftSlots {
                     backed: drift.backed,
                 };
                 let d = stored.live - drift.backed;
+                if drift.present {
+                    self.flags[i] |= PRESENT;
+                }
                 match self.norm {
                     Norm::L1 => self.sum += d.abs(),
                     Norm::L2 => self.sum += d * d,
                     Norm::KeyCount => {
                         if drift.present {
-                            self.flags[i] |= PRESENT;
                             self.sum -= 1.0;
                         }
                     }
@@ -586,7 +599,7 @@ impl DriftSlots {
             live: slot.live,
             drift: (!self.is_clean(i)).then_some(StoredDrift {
                 backed: slot.backed,
-                present: self.norm != Norm::KeyCount || self.flags[i] & PRESENT != 0,
+                present: self.flags[i] & PRESENT != 0,
             }),
         }
     }
@@ -602,7 +615,7 @@ impl DriftSlots {
 
     fn pin_pending(&mut self, pin: bool) {
         for pending in &self.pending {
-            for &(index, _) in &pending.values {
+            for &Written { index, .. } in &pending.values {
                 let flags = &mut self.flags[index as usize];
                 if pin {
                     *flags |= PINNED;
@@ -640,10 +653,56 @@ mod tests {
         assert_eq!(slots.len(), 3);
     }
 
-    fn indices(values: &[(u32, f64)]) -> Vec<u32> {
-        let mut indices: Vec<u32> = values.iter().map(|&(i, _)| i).collect();
+    fn indices(values: &[Written]) -> Vec<u32> {
+        let mut indices: Vec<u32> = values.iter().map(|w| w.index).collect();
         indices.sort_unstable();
         indices
+    }
+
+    fn pairs(values: &[Written]) -> Vec<(u32, f64)> {
+        values.iter().map(|w| (w.index, w.value)).collect()
+    }
+
+    #[test]
+    fn a_backup_names_what_the_last_backup_held_as_each_slots_prior() {
+        let mut slots = DriftSlots::new(Norm::L1, 2);
+        slots.set(0, 3.0);
+        let first = slots.backup(1, BackupScope::Drifted).to_vec();
+        assert_eq!(
+            first,
+            vec![Written {
+                index: 0,
+                value: 3.0,
+                prior: None
+            }],
+            "no backup held it"
+        );
+        slots.set(0, 5.0);
+        slots.set(1, 1.0);
+        let mut second = slots.backup(2, BackupScope::Drifted).to_vec();
+        second.sort_by_key(|w| w.index);
+        assert_eq!(
+            second,
+            vec![
+                Written {
+                    index: 0,
+                    value: 5.0,
+                    prior: Some(3.0)
+                },
+                Written {
+                    index: 1,
+                    value: 1.0,
+                    prior: None
+                }
+            ]
+        );
+        slots.restore(1, 7.0);
+        slots.set(1, 8.0);
+        assert_eq!(
+            slots.backup(3, BackupScope::Drifted)[0].prior,
+            Some(7.0),
+            "a restored slot is held"
+        );
     }
 
     #[test]
@@ -651,14 +710,14 @@ mod tests {
         let mut slots = DriftSlots::new(Norm::Max, 3);
         slots.set_theta(5.0);
         slots.set(0, 10.0);
-        assert_eq!(slots.backup(1, BackupScope::Drifted).to_vec(), vec![(0, 10.0)]);
+        assert_eq!(pairs(slots.backup(1, BackupScope::Drifted)), vec![(0, 10.0)]);
         slots.fail(1);
         // Back at the baseline: its drift is 0, but the store may hold 10.
         slots.set(0, 0.0);
-        assert_eq!(slots.backup(2, BackupScope::Drifted).to_vec(), vec![(0, 0.0)]);
+        assert_eq!(pairs(slots.backup(2, BackupScope::Drifted)), vec![(0, 0.0)]);
         slots.fail(2);
         assert_eq!(
-            slots.backup(3, BackupScope::Complete).to_vec(),
+            pairs(slots.backup(3, BackupScope::Complete)),
             vec![(0, 0.0)],
             "a complete backup owes it too"
         );
@@ -822,7 +881,7 @@ mod tests {
             slots.set(0, 0.0);
             slots.set(1, 5.0);
             assert_eq!(
-                slots.backup(2, BackupScope::Owed).to_vec(),
+                pairs(slots.backup(2, BackupScope::Owed)),
                 vec![(0, 0.0)],
                 "{norm:?}: the owed slot only, at its live value"
             );

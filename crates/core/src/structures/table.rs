@@ -348,14 +348,15 @@ impl<K: TableKey> Tracked for TrackedTable<K> {
     fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
         let tag = self.tag;
         let keys = &self.keys;
-        out.extend(self.slots.backup(seq, scope).iter().map(|&(slot, value)| {
+        out.extend(self.slots.backup(seq, scope).iter().map(|written| {
             let mut key = entry_key(tag, &[]);
-            if let Some(k) = &keys[slot as usize] {
+            if let Some(k) = &keys[written.index as usize] {
                 k.write_key(&mut key);
             }
             BackupEntry {
                 key,
-                value: Some(encode_f64(value)),
+                value: Some(encode_f64(written.value)),
+                prior: written.prior.map(encode_f64),
             }
         }));
     }

@@ -67,12 +67,14 @@ impl Tracked for TrackedValue {
             return;
         }
         self.owed = false;
+        let prior = encode_f64(self.backed);
         // Measured from the last backup issued (see `DriftSlots`).
         self.backed = self.live;
         self.pending.push(seq);
         out.push(BackupEntry {
             key: entry_key(self.tag, &[]),
             value: Some(encode_f64(self.live)),
+            prior: Some(prior),
         });
     }
 

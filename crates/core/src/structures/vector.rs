@@ -88,9 +88,10 @@ impl Tracked for TrackedVector {
 
     fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
         let tag = self.tag;
-        out.extend(self.slots.backup(seq, scope).iter().map(|&(index, value)| BackupEntry {
-            key: entry_key(tag, &index.to_be_bytes()),
-            value: Some(encode_f64(value)),
+        out.extend(self.slots.backup(seq, scope).iter().map(|written| BackupEntry {
+            key: entry_key(tag, &written.index.to_be_bytes()),
+            value: Some(encode_f64(written.value)),
+            prior: written.prior.map(encode_f64),
         }));
     }
 
