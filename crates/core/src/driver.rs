@@ -114,8 +114,6 @@ pub struct TaskDriver<O: Operator> {
     /// those sent for reuse.
     held: VecDeque<(u64, Vec<BackupEntry>)>,
     spare: Vec<Vec<BackupEntry>>,
-    /// The records of the backup going out.
-    records: Vec<BackupEntry>,
     /// The priors of keys whose last writes may be missing from the log.
     priors: PriorChain,
     /// The keys a recovery restored from priors, written before the start
@@ -182,7 +180,6 @@ impl<O: Operator> TaskDriver<O> {
             actions,
             held: VecDeque::new(),
             spare: Vec::new(),
-            records: Vec::new(),
             priors: PriorChain::new(),
             rollback,
             markers: VecDeque::new(),
@@ -466,12 +463,7 @@ impl<O: Operator> TaskDriver<O> {
     /// Writes backup `seq`'s entries as the changelog logs them: each with its
     /// sequence and priors.
     fn send(&mut self, seq: u64, entries: &[BackupEntry], io: &mut impl TaskIo<O::Output>) {
-        self.records.clear();
-        for entry in entries {
-            let record = self.priors.logged(seq, entry);
-            self.records.push(record);
-        }
-        io.write_backup(seq, &self.records);
+        io.write_backup(seq, self.priors.log(seq, entries));
     }
 
     /// The held entries of backup `seq` (the oldest, as backups go out in order).

@@ -42,6 +42,8 @@
 //! `[present: u8]` followed, when present, by `[len: u16][bytes]`. Values of
 //! version 1 (written before priors existed) are read as covered by any marker.
 
+use std::collections::VecDeque;
+
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
@@ -217,15 +219,6 @@ fn decode_envelope(bytes: &[u8]) -> Result<LoggedValue, CoreError> {
     Ok(LoggedValue { seq, value, priors })
 }
 
-/// An entry as it went out: what a failure of its backup (or of its marker)
-/// leaves the key's chain at.
-#[derive(Clone, Debug)]
-struct SentEntry {
-    key: EntryBytes,
-    value: Option<EntryBytes>,
-    priors: Priors,
-}
-
 /// The priors of the keys whose latest writes may or may not be in the log
 /// (see the module docs): the driver asks it for each entry it sends and tells
 /// it what became of each backup.
@@ -238,8 +231,11 @@ pub struct PriorChain {
     /// such backup and the prior from before it (certain unless `uncertain`
     /// knows better).
     abandoned: FxHashMap<EntryBytes, (u64, Option<EntryBytes>)>,
-    /// Backups sent whose marker is not acknowledged yet, oldest first.
-    sent: Vec<(u64, Vec<SentEntry>)>,
+    /// The records of the backups sent whose marker is not acknowledged yet,
+    /// oldest first: a failure reads its keys' values and priors back.
+    sent: VecDeque<(u64, Vec<BackupEntry>)>,
+    /// Buffers of covered backups, for reuse.
+    spare: Vec<Vec<BackupEntry>>,
 }
 
 impl PriorChain {
@@ -247,32 +243,24 @@ impl PriorChain {
         PriorChain::default()
     }
 
-    /// The changelog record of `entry` in backup `seq`; the entry's `prior` is
-    /// the structure's baseline, used unless a failure made it uncertain.
-    pub fn logged(&mut self, seq: u64, entry: &BackupEntry) -> BackupEntry {
-        let priors = self.priors_of(entry);
-        let record = BackupEntry {
-            key: entry.key.clone(),
-            value: Some(
-                LoggedValue {
-                    seq,
-                    value: entry.value.clone(),
-                    priors: priors.clone(),
-                }
-                .encode(),
-            ),
-            prior: None,
-        };
-        let sent = SentEntry {
-            key: entry.key.clone(),
-            value: entry.value.clone(),
-            priors,
-        };
-        match self.sent.last_mut() {
-            Some((last, entries)) if *last == seq => entries.push(sent),
-            _ => self.sent.push((seq, vec![sent])),
+    /// The changelog records of backup `seq`'s entries, each with its
+    /// sequence and priors; an entry's `prior` is the structure's baseline,
+    /// used unless a failure made it uncertain. Kept until a marker covering
+    /// them is acknowledged.
+    pub fn log(&mut self, seq: u64, entries: &[BackupEntry]) -> &[BackupEntry] {
+        let mut records = self.spare.pop().unwrap_or_default();
+        records.clear();
+        for entry in entries {
+            let priors = self.priors_of(entry);
+            let value = LoggedValue {
+                seq,
+                value: entry.value.clone(),
+                priors,
+            };
+            records.push(BackupEntry::new(entry.key.clone(), Some(value.encode())));
         }
-        record
+        self.sent.push_back((seq, records));
+        self.sent.back().map_or(&[], |(_, records)| records.as_slice())
     }
 
     fn priors_of(&mut self, entry: &BackupEntry) -> Priors {
@@ -302,16 +290,22 @@ impl PriorChain {
         let Some(index) = self.sent.iter().position(|(s, _)| *s == seq) else {
             return;
         };
-        let (_, entries) = self.sent.remove(index);
-        for entry in entries {
-            let older = self.uncertain.remove(&entry.key).unwrap_or(entry.priors);
+        let Some((_, records)) = self.sent.remove(index) else {
+            return;
+        };
+        for record in records {
+            // Written by `log` just before: it decodes.
+            let Ok(logged) = LoggedValue::decode(record.value.as_deref()) else {
+                continue;
+            };
+            let older = self.uncertain.remove(&record.key).unwrap_or(logged.priors);
             let mut priors = Priors::with_capacity(older.len() + 1);
             priors.push(Prior {
                 seq,
-                value: entry.value,
+                value: logged.value,
             });
             priors.extend(older);
-            self.uncertain.insert(entry.key, priors);
+            self.uncertain.insert(record.key, priors);
         }
     }
 
@@ -335,7 +329,11 @@ impl PriorChain {
     /// A marker covering the backups up to `covers` is acknowledged: their
     /// entries are in the log behind it, so nothing about them is uncertain.
     pub fn covered(&mut self, covers: u64) {
-        self.sent.retain(|(seq, _)| *seq > covers);
+        while self.sent.front().is_some_and(|(seq, _)| *seq <= covers) {
+            if let Some((_, records)) = self.sent.pop_front() {
+                self.spare.push(records);
+            }
+        }
         if !self.uncertain.is_empty() {
             self.uncertain
                 .retain(|_, priors| priors.first().is_some_and(|newest| newest.seq > covers));
@@ -427,7 +425,7 @@ mod tests {
     #[test]
     fn a_sent_entry_carries_its_structures_baseline_until_a_failure() {
         let mut chain = PriorChain::new();
-        let first = chain.logged(1, &entry(b"k", 5.0, Some(2.0)));
+        let first = chain.log(1, &[entry(b"k", 5.0, Some(2.0))])[0].clone();
         assert_eq!(
             decoded(&first).priors.as_slice(),
             &[Prior {
@@ -437,7 +435,7 @@ mod tests {
         );
         chain.failed(1);
         // The structure's baseline moved to 5 when backup 1 was taken.
-        let again = decoded(&chain.logged(3, &entry(b"k", 6.0, Some(5.0))));
+        let again = decoded(&chain.log(3, &[entry(b"k", 6.0, Some(5.0))])[0]);
         assert_eq!(
             again.priors.as_slice(),
             &[
@@ -455,18 +453,18 @@ mod tests {
         assert_eq!(again.at_marker(1).unwrap(), Some(&bytes(5.0)));
         chain.covered(3);
         assert!(chain.is_settled());
-        let later = decoded(&chain.logged(4, &entry(b"k", 7.0, Some(6.0))));
+        let later = decoded(&chain.log(4, &[entry(b"k", 7.0, Some(6.0))])[0]);
         assert_eq!(later.priors.len(), 1, "a covered write is certain again");
     }
 
     #[test]
     fn failures_in_a_row_keep_every_possible_value() {
         let mut chain = PriorChain::new();
-        chain.logged(1, &entry(b"k", 1.0, Some(0.0)));
-        chain.logged(2, &entry(b"k", 2.0, Some(1.0)));
+        chain.log(1, &[entry(b"k", 1.0, Some(0.0))]);
+        chain.log(2, &[entry(b"k", 2.0, Some(1.0))]);
         chain.failed(1);
         chain.failed(2);
-        let next = decoded(&chain.logged(3, &entry(b"k", 3.0, Some(2.0))));
+        let next = decoded(&chain.log(3, &[entry(b"k", 3.0, Some(2.0))])[0]);
         let seqs: Vec<u64> = next.priors.iter().map(|p| p.seq).collect();
         assert_eq!(seqs, vec![2, 1, CERTAIN]);
         assert_eq!(next.at_marker(0).unwrap(), Some(&bytes(0.0)));
@@ -481,7 +479,7 @@ mod tests {
         chain.abandoned(2, &[entry(b"k", 2.0, Some(1.0))]);
         chain.abandoned(4, &[entry(b"k", 5.0, Some(4.0))]);
         assert!(!chain.is_settled());
-        let next = decoded(&chain.logged(5, &entry(b"k", 4.5, Some(4.0))));
+        let next = decoded(&chain.log(5, &[entry(b"k", 4.5, Some(4.0))])[0]);
         assert_eq!(next.at_marker(0).unwrap(), Some(&bytes(1.0)));
         assert!(chain.is_settled());
     }

@@ -668,6 +668,62 @@ mod tests {
         );
     }
 
+    /// A record as the driver logs it: value `value` in backup `seq`, the key
+    /// holding `prior` before.
+    fn logged(key: &[u8], seq: u64, value: f64, prior: Option<f64>) -> BackupEntry {
+        let mut chain = crate::logged::PriorChain::new();
+        let entry = BackupEntry {
+            key: entry_key(1, key),
+            value: Some(crate::entry::encode_f64(value)),
+            prior: prior.map(crate::entry::encode_f64),
+        };
+        chain.log(seq, &[entry])[0].clone()
+    }
+
+    #[test]
+    fn a_record_the_last_marker_does_not_cover_is_restored_as_its_prior_even_compacted() {
+        let first = BackupMarker {
+            seq: 3,
+            input_offset: 10,
+            covers: 2,
+            ..marker(false)
+        };
+        let log = vec![
+            logged(b"a", 2, 1.0, None),
+            logged(b"b", 2, 5.0, None),
+            first.to_entry(),
+            // Backup 4's entries, its marker lost in the crash.
+            logged(b"a", 4, 2.0, Some(1.0)),
+            logged(b"c", 4, 7.0, None),
+        ];
+        let value = |state: &ChangelogState, key: &[u8]| {
+            state
+                .entries
+                .iter()
+                .find(|e| e.key_body() == key)
+                .and_then(|e| e.value.as_deref().map(|v| crate::entry::decode_f64(v).unwrap()))
+        };
+        // Compaction may leave only the latest record of `a`.
+        let compacted = vec![log[1].clone(), log[2].clone(), log[3].clone(), log[4].clone()];
+        for log in [log, compacted] {
+            let state = read_changelog(&log).unwrap();
+            assert_eq!(
+                value(&state, b"a"),
+                Some(1.0),
+                "a's value at the marker, not backup 4's"
+            );
+            assert_eq!(value(&state, b"b"), Some(5.0));
+            assert_eq!(value(&state, b"c"), None, "c did not exist at the marker");
+            let rolled: Vec<&[u8]> = state.restart.rolled_back.iter().map(|e| e.key_body()).collect();
+            assert_eq!(
+                rolled,
+                vec![b"a".as_slice(), b"c".as_slice()],
+                "written again before the start marker"
+            );
+            assert_eq!(state.restart.next_seq, 5, "above every sequence in the log");
+        }
+    }
+
     #[test]
     fn a_clean_marker_continues_without_a_failure() {
         let plan = RecoveryPlan::decide(Mode::Approximate, Some(&marker(true)), Some(900), 0, C);
