@@ -212,10 +212,13 @@ impl Operator for OnlineJoin {
     fn set_theta(&mut self, _theta: f64) {}
 
     fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
-        // The divergence counts the sampled tuples only: the sums go whenever
-        // they changed.
+        // A key's sum changes exactly when its count does, so the sums drift
+        // where the counts drift and follow the counts' scope: a backup for l
+        // within θ leaves both unwritten (a sum is then off by at most the
+        // largest value times its count's drift), and a drifted one writes
+        // both.
         self.counts.backup(seq, scope, out);
-        self.sums.backup(seq, scope.for_uncounted(), out);
+        self.sums.backup(seq, scope, out);
     }
 
     fn acknowledge_backup(&mut self, seq: u64) {
