@@ -16,9 +16,10 @@ use smallvec::SmallVec;
 use super::error::CoreError;
 
 /// The bytes of an entry's key or value. Most keys and values are short (a tag and
-/// an index, a version and an f64), so they stay inline: backups are on the hot
-/// path and would otherwise allocate twice per entry.
-pub type EntryBytes = SmallVec<[u8; 24]>;
+/// an index, a version and an f64; logged, with its sequence and prior, about
+/// 26 bytes), so they stay inline: backups are on the hot path and would
+/// otherwise allocate twice per entry.
+pub type EntryBytes = SmallVec<[u8; 32]>;
 
 /// The encoding version this build writes and reads.
 pub const ENCODING_VERSION: u8 = 1;

@@ -37,10 +37,12 @@
 //! so the uncovered entries of the crashed run are superseded and the start
 //! marker covers a log whose latest records are exactly the restored state.
 //!
-//! Layout of a logged value (`ENVELOPE_VERSION`), all integers little endian:
-//! `[2][backup seq: u64][value][n: u16][n × (seq: u64, value)]` where a value is
-//! `[present: u8]` followed, when present, by `[len: u16][bytes]`. Values of
-//! version 1 (written before priors existed) are read as covered by any marker.
+//! Layout of a logged value (`ENVELOPE_VERSION`), every integer an unsigned
+//! LEB128 varint: `[2][backup seq][value][n][n × (seq, value)]` where a value
+//! is `0` for no key, or its length + 1 followed by its bytes. An f64 entry
+//! with one prior takes about 26 bytes, so it stays inline in [`EntryBytes`].
+//! Values of version 1 (written before priors existed) are read as covered by
+//! any marker.
 
 use std::collections::VecDeque;
 
@@ -106,14 +108,11 @@ impl LoggedValue {
     pub fn encode(&self) -> EntryBytes {
         let mut out = EntryBytes::new();
         out.push(ENVELOPE_VERSION);
-        out.extend_from_slice(&self.seq.to_le_bytes());
+        push_varint(&mut out, self.seq);
         push_value(&mut out, self.value.as_deref());
-        // Chains grow only while writes keep failing, by the backups in flight
-        // each time: never near 65 535.
-        let count = u16::try_from(self.priors.len()).unwrap_or(u16::MAX);
-        out.extend_from_slice(&count.to_le_bytes());
-        for prior in self.priors.iter().take(usize::from(count)) {
-            out.extend_from_slice(&prior.seq.to_le_bytes());
+        push_varint(&mut out, self.priors.len() as u64);
+        for prior in &self.priors {
+            push_varint(&mut out, prior.seq);
             push_value(&mut out, prior.value.as_deref());
         }
         out
@@ -144,14 +143,20 @@ impl LoggedValue {
     }
 }
 
+fn push_varint(out: &mut EntryBytes, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
 fn push_value(out: &mut EntryBytes, value: Option<&[u8]>) {
     match value {
         None => out.push(0),
         Some(bytes) => {
-            out.push(1);
-            let len = u16::try_from(bytes.len()).unwrap_or(u16::MAX);
-            out.extend_from_slice(&len.to_le_bytes());
-            out.extend_from_slice(&bytes[..usize::from(len)]);
+            push_varint(out, bytes.len() as u64 + 1);
+            out.extend_from_slice(bytes);
         }
     }
 }
@@ -171,40 +176,38 @@ impl Reader<'_> {
         Ok(head)
     }
 
-    fn u8(&mut self) -> Result<u8, CoreError> {
-        Ok(self.take(1)?[0])
-    }
-
-    fn u64(&mut self) -> Result<u64, CoreError> {
-        let mut bytes = [0u8; 8];
-        bytes.copy_from_slice(self.take(8)?);
-        Ok(u64::from_le_bytes(bytes))
+    fn varint(&mut self) -> Result<u64, CoreError> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = self.take(1)?[0];
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err(CoreError::undecodable("logged entry", "a varint longer than 64 bits"))
     }
 
     fn value(&mut self) -> Result<Option<EntryBytes>, CoreError> {
-        match self.u8()? {
+        match self.varint()? {
             0 => Ok(None),
-            1 => {
-                let mut len = [0u8; 2];
-                len.copy_from_slice(self.take(2)?);
-                let len = usize::from(u16::from_le_bytes(len));
+            len => {
+                let len = usize::try_from(len - 1)
+                    .map_err(|_| CoreError::undecodable("logged entry", "a value longer than memory"))?;
                 Ok(Some(EntryBytes::from_slice(self.take(len)?)))
             }
-            other => Err(CoreError::undecodable("logged entry", format!("presence flag {other}"))),
         }
     }
 }
 
 fn decode_envelope(bytes: &[u8]) -> Result<LoggedValue, CoreError> {
     let mut reader = Reader(bytes);
-    let seq = reader.u64()?;
+    let seq = reader.varint()?;
     let value = reader.value()?;
-    let mut count = [0u8; 2];
-    count.copy_from_slice(reader.take(2)?);
-    let count = u16::from_le_bytes(count);
+    let count = reader.varint()?;
     let mut priors = Priors::new();
     for _ in 0..count {
-        let seq = reader.u64()?;
+        let seq = reader.varint()?;
         priors.push(Prior {
             seq,
             value: reader.value()?,
@@ -388,9 +391,17 @@ mod tests {
         let mut longer = encoded.clone();
         longer.push(0);
         assert!(LoggedValue::decode(Some(&longer)).is_err());
-        let mut flag = encoded.clone();
-        flag[9] = 7;
-        assert!(LoggedValue::decode(Some(&flag)).is_err());
+        let mut long = encoded.clone();
+        long[2] = 60;
+        assert!(
+            LoggedValue::decode(Some(&long)).is_err(),
+            "a value longer than the record"
+        );
+        assert!(
+            encoded.len() <= 32 && !encoded.spilled(),
+            "{} bytes stay inline",
+            encoded.len()
+        );
         assert!(matches!(
             LoggedValue::decode(Some(&[9, 0])),
             Err(CoreError::UnknownEncodingVersion { found: 9, .. })
