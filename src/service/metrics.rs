@@ -102,7 +102,7 @@ pub const METRICS: &[(&str, MetricKind, &str)] = &[
     (
         "afstream_stalls_total",
         MetricKind::Counter,
-        "Poll batches in which input waited for an acknowledgement.",
+        "Poll batches in which input waited for an acknowledgement (of outputs, or of the start marker).",
     ),
     (
         "afstream_recoveries_total",
@@ -123,7 +123,7 @@ pub const METRICS: &[(&str, MetricKind, &str)] = &[
     (
         "afstream_items_threshold",
         MetricKind::Gauge,
-        "The task's current l: items past the last marker.",
+        "The task's current l: a marker goes out every l/2 items, so a recovery replays about l.",
     ),
     (
         "afstream_outputs_threshold",
@@ -144,7 +144,7 @@ pub const METRICS: &[(&str, MetricKind, &str)] = &[
         "afstream_marker_round_trip_seconds",
         MetricKind::Gauge,
         "Mean time from a marker's send to its acknowledgement, over the markers acknowledged since the last update: \
-         a task takes at most about l items per round trip.",
+         a recovery also replays the items of the markers in flight.",
     ),
     (
         "afstream_failures",

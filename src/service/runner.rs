@@ -670,9 +670,9 @@ struct Flight {
     markers: MarkerRoundTrips,
 }
 
-/// How long markers take from the producer to their acknowledgement: input
-/// waits once l items are past the last acknowledged marker, so l must cover
-/// more than this many items (see "L sets the speed limit" in the README).
+/// How long markers take from the producer to their acknowledgement: a
+/// recovery replays the items of the markers in flight at the crash besides
+/// the l/2 past the last one issued, so this round trip sizes a replay.
 #[derive(Clone, Debug, Default)]
 pub struct MarkerRoundTrips {
     /// Markers sent and not yet acknowledged, with when they were sent.
