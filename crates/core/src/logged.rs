@@ -143,6 +143,19 @@ impl LoggedValue {
     }
 }
 
+/// What [`LoggedValue::encode`] makes of a record whose one prior is certain,
+/// without building the record first.
+fn encode_with_certain_prior(seq: u64, value: Option<&[u8]>, prior: Option<&[u8]>) -> EntryBytes {
+    let mut out = EntryBytes::new();
+    out.push(ENVELOPE_VERSION);
+    push_varint(&mut out, seq);
+    push_value(&mut out, value);
+    out.push(1);
+    out.push(CERTAIN as u8);
+    push_value(&mut out, prior);
+    out
+}
+
 fn push_varint(out: &mut EntryBytes, mut value: u64) {
     while value >= 0x80 {
         out.push((value as u8) | 0x80);
@@ -254,13 +267,19 @@ impl PriorChain {
         let mut records = self.spare.pop().unwrap_or_default();
         records.clear();
         for entry in entries {
-            let priors = self.priors_of(entry);
-            let value = LoggedValue {
-                seq,
-                value: entry.value.clone(),
-                priors,
+            let value = if self.is_settled() {
+                // The common case: the structure's baseline is the one prior.
+                encode_with_certain_prior(seq, entry.value.as_deref(), entry.prior.as_deref())
+            } else {
+                let priors = self.priors_of(entry);
+                LoggedValue {
+                    seq,
+                    value: entry.value.clone(),
+                    priors,
+                }
+                .encode()
             };
-            records.push(BackupEntry::new(entry.key.clone(), Some(value.encode())));
+            records.push(BackupEntry::new(entry.key.clone(), Some(value)));
         }
         self.sent.push_back((seq, records));
         self.sent.back().map_or(&[], |(_, records)| records.as_slice())
@@ -466,6 +485,30 @@ mod tests {
         assert!(chain.is_settled());
         let later = decoded(&chain.log(4, &[entry(b"k", 7.0, Some(6.0))])[0]);
         assert_eq!(later.priors.len(), 1, "a covered write is certain again");
+    }
+
+    #[test]
+    fn the_common_case_encodes_as_a_record_with_one_certain_prior() {
+        for (value, prior) in [
+            (Some(bytes(2.0)), Some(bytes(1.0))),
+            (None, Some(bytes(1.0))),
+            (Some(bytes(2.0)), None),
+        ] {
+            let record = LoggedValue {
+                seq: 300,
+                value: value.clone(),
+                priors: [Prior {
+                    seq: CERTAIN,
+                    value: prior.clone(),
+                }]
+                .into_iter()
+                .collect(),
+            };
+            assert_eq!(
+                encode_with_certain_prior(300, value.as_deref(), prior.as_deref()),
+                record.encode()
+            );
+        }
     }
 
     #[test]
