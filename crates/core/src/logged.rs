@@ -512,6 +512,36 @@ mod tests {
     }
 
     #[test]
+    fn an_acknowledged_marker_settles_what_it_covers_and_frees_its_records() {
+        let mut chain = PriorChain::new();
+        chain.log(1, &[entry(b"k", 5.0, Some(2.0))]);
+        chain.log(3, &[entry(b"j", 1.0, None)]);
+        // Backup 1's marker failed: its entries may stand uncovered.
+        chain.failed(1);
+        assert!(!chain.is_settled());
+        chain.covered(2);
+        assert!(chain.is_settled(), "a marker over backup 1 is in the log");
+        chain.failed(1);
+        assert!(chain.is_settled(), "backup 1's records were let go");
+        // Backup 3 is not covered yet: its failure still counts.
+        chain.failed(3);
+        assert!(!chain.is_settled());
+        let next = decoded(&chain.log(5, &[entry(b"j", 2.0, Some(1.0))])[0]);
+        assert_eq!(next.at_marker(2).unwrap(), None, "j did not exist before backup 3");
+        chain.covered(5);
+        chain.failed(3);
+        assert!(chain.is_settled(), "covering 5 let backup 3 go too");
+        // A marker short of a failed backup settles nothing of it; one that
+        // covers it exactly does.
+        chain.log(7, &[entry(b"m", 1.0, None)]);
+        chain.failed(7);
+        chain.covered(6);
+        assert!(!chain.is_settled(), "backup 7 may or may not be in the log");
+        chain.covered(7);
+        assert!(chain.is_settled(), "a marker over backup 7 is in the log");
+    }
+
+    #[test]
     fn failures_in_a_row_keep_every_possible_value() {
         let mut chain = PriorChain::new();
         chain.log(1, &[entry(b"k", 1.0, Some(0.0))]);

@@ -725,6 +725,49 @@ mod tests {
     }
 
     #[test]
+    fn record_by_record_resolution_gives_what_the_reader_gives() {
+        let marker = BackupMarker {
+            seq: 3,
+            input_offset: 10,
+            covers: 2,
+            ..marker(false)
+        };
+        let log = vec![
+            logged(b"a", 2, 1.0, None),
+            marker.to_entry(),
+            logged(b"a", 4, 2.0, Some(1.0)),
+            logged(b"b", 4, 7.0, None),
+        ];
+        let plan = RecoveryPlan::decide(Mode::Approximate, Some(&marker), None, 0, C);
+        let mut marked = MarkedState::for_plan(&plan);
+        let mut resolved = Vec::new();
+        marked.resolve(&log, &mut resolved).unwrap();
+        let decoded: Vec<(&[u8], Option<f64>)> = resolved
+            .iter()
+            .map(|e| {
+                (
+                    e.key_body(),
+                    e.value.as_deref().map(|v| crate::entry::decode_f64(v).unwrap()),
+                )
+            })
+            .collect();
+        assert_eq!(
+            decoded,
+            vec![
+                (b"a".as_slice(), Some(1.0)),
+                (b"a".as_slice(), Some(1.0)),
+                (b"b".as_slice(), None)
+            ],
+            "markers skipped; uncovered records as their priors, in log order"
+        );
+        let restart = marked.finish();
+        assert_eq!(restart, read_changelog(&log).unwrap().restart);
+        let continued = plan.continuing(&restart);
+        assert_eq!(continued.next_seq, 5, "above backup 4");
+        assert_eq!(plan.next_seq, 4, "the marker's own sequence + 1");
+    }
+
+    #[test]
     fn a_clean_marker_continues_without_a_failure() {
         let plan = RecoveryPlan::decide(Mode::Approximate, Some(&marker(true)), Some(900), 0, C);
         assert!(!plan.counted_failure);
