@@ -1860,8 +1860,8 @@ pub fn run_pipeline<O: ServiceOperator>(
         tracing::warn!("{warning}");
     }
 
-    // Backups and markers go out almost at once, since input waits on their
-    // round trip once l items are past the last marker. Not at once: with
+    // Backups and markers go out almost at once, since a recovery replays
+    // the items of the markers in flight. Not at once: with
     // `linger.ms` 0, librdkafka's broker thread spins (poll with no timeout)
     // whenever records wait behind the five requests an idempotent producer
     // keeps in flight, which several backups in flight make common; measured
