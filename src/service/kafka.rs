@@ -432,6 +432,16 @@ impl ChangelogLoader {
         }
     }
 
+    /// The partition's offsets to read: from its start to `end`, or to its
+    /// end now when `end` is `None` or past it.
+    fn range(&self, partition: i32, end: Option<i64>) -> Result<(i64, i64), KafkaSetupError> {
+        let (low, high) = self
+            .reader
+            .watermarks(&self.topic, partition)
+            .map_err(|e| self.error(partition, e))?;
+        Ok((low, end.map_or(high, |end| end.min(high))))
+    }
+
     /// The state logged at a partition's last marker, and the marker.
     pub fn load(&self, partition: i32) -> Result<ChangelogState, KafkaSetupError> {
         self.load_until(partition, None)
@@ -440,11 +450,7 @@ impl ChangelogLoader {
     /// The state logged at the last marker before `end` (the partition's end
     /// when `None`), and that marker: what a restore that read to `end` got.
     pub fn load_until(&self, partition: i32, end: Option<i64>) -> Result<ChangelogState, KafkaSetupError> {
-        let (low, high) = self
-            .reader
-            .watermarks(&self.topic, partition)
-            .map_err(|e| self.error(partition, e))?;
-        let end = end.map_or(high, |end| end.min(high));
+        let (low, end) = self.range(partition, end)?;
         let mut reader = ChangelogReader::new();
         self.reader
             .read(&self.topic, partition, low, end, |message| {
@@ -466,11 +472,7 @@ impl ChangelogLoader {
         chunk: usize,
         mut apply: impl FnMut(&[BackupEntry]) -> Result<(), String>,
     ) -> Result<Streamed, KafkaSetupError> {
-        let (low, high) = self
-            .reader
-            .watermarks(&self.topic, partition)
-            .map_err(|e| self.error(partition, e))?;
-        let end = end.map_or(high, |end| end.min(high));
+        let (low, end) = self.range(partition, end)?;
         let mut batch = Vec::with_capacity(chunk);
         let mut records = 0u64;
         let mut failed: Option<String> = None;

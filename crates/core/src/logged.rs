@@ -106,16 +106,8 @@ impl LoggedValue {
     }
 
     pub fn encode(&self) -> EntryBytes {
-        let mut out = EntryBytes::new();
-        out.push(ENVELOPE_VERSION);
-        push_varint(&mut out, self.seq);
-        push_value(&mut out, self.value.as_deref());
-        push_varint(&mut out, self.priors.len() as u64);
-        for prior in &self.priors {
-            push_varint(&mut out, prior.seq);
-            push_value(&mut out, prior.value.as_deref());
-        }
-        out
+        let priors = self.priors.iter().map(|prior| (prior.seq, prior.value.as_deref()));
+        encode_parts(self.seq, self.value.as_deref(), priors)
     }
 
     /// Decodes a changelog record's value (`None`: a tombstone).
@@ -143,17 +135,28 @@ impl LoggedValue {
     }
 }
 
-/// What [`LoggedValue::encode`] makes of a record whose one prior is certain,
-/// without building the record first.
-fn encode_with_certain_prior(seq: u64, value: Option<&[u8]>, prior: Option<&[u8]>) -> EntryBytes {
+/// The envelope of a record from its parts, so that the common record (one
+/// certain prior) is encoded without building a [`LoggedValue`] first.
+fn encode_parts<'a>(
+    seq: u64,
+    value: Option<&[u8]>,
+    priors: impl ExactSizeIterator<Item = (u64, Option<&'a [u8]>)>,
+) -> EntryBytes {
     let mut out = EntryBytes::new();
     out.push(ENVELOPE_VERSION);
     push_varint(&mut out, seq);
     push_value(&mut out, value);
-    out.push(1);
-    out.push(CERTAIN as u8);
-    push_value(&mut out, prior);
+    push_varint(&mut out, priors.len() as u64);
+    for (seq, value) in priors {
+        push_varint(&mut out, seq);
+        push_value(&mut out, value);
+    }
     out
+}
+
+/// The envelope of a record whose one prior is certain.
+fn encode_with_certain_prior(seq: u64, value: Option<&[u8]>, prior: Option<&[u8]>) -> EntryBytes {
+    encode_parts(seq, value, std::iter::once((CERTAIN, prior)))
 }
 
 fn push_varint(out: &mut EntryBytes, mut value: u64) {

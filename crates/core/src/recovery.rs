@@ -680,14 +680,19 @@ mod tests {
         chain.log(seq, &[entry])[0].clone()
     }
 
-    #[test]
-    fn a_record_the_last_marker_does_not_cover_is_restored_as_its_prior_even_compacted() {
-        let first = BackupMarker {
+    /// Marker 3 at offset 10, behind backup 2.
+    fn marker_covering_backup_2() -> BackupMarker {
+        BackupMarker {
             seq: 3,
             input_offset: 10,
             covers: 2,
             ..marker(false)
-        };
+        }
+    }
+
+    #[test]
+    fn a_record_the_last_marker_does_not_cover_is_restored_as_its_prior_even_compacted() {
+        let first = marker_covering_backup_2();
         let log = vec![
             logged(b"a", 2, 1.0, None),
             logged(b"b", 2, 5.0, None),
@@ -726,12 +731,7 @@ mod tests {
 
     #[test]
     fn record_by_record_resolution_gives_what_the_reader_gives() {
-        let marker = BackupMarker {
-            seq: 3,
-            input_offset: 10,
-            covers: 2,
-            ..marker(false)
-        };
+        let marker = marker_covering_backup_2();
         let log = vec![
             logged(b"a", 2, 1.0, None),
             marker.to_entry(),
