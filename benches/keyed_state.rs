@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use afstream::core::{BackupScope, Mode, Operator};
+use afstream::core::{BackupBatch, BackupScope, Mode, Operator};
 use afstream::operators::{WordCount, WordCountConfig};
 use afstream::service::store::{StoreBudget, TaskStore};
 use engine::Engine;
@@ -144,8 +144,9 @@ fn run_case(case: &str, dir: &Path) {
                 twin.process(line, &mut outputs).expect("line");
                 outputs.clear();
             }
-            let mut changelog = Vec::new();
-            twin.backup(0, BackupScope::Complete, &mut changelog);
+            let mut backup = BackupBatch::new(1);
+            twin.backup(1, BackupScope::Complete, &mut backup);
+            let changelog = backup.entries().expect("a backup decodes");
             drop((engine, store));
 
             let started = Instant::now();

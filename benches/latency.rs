@@ -23,7 +23,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use afstream::core::{
-    read_changelog, Ack, BackupEntry, BackupMarker, ControllerConfig, GlobalThresholds, Mode, Operator, Placement,
+    read_changelog, Ack, BackupBatch, BackupMarker, ControllerConfig, GlobalThresholds, Mode, Operator, Placement,
     TaskDriver, TaskIo, ThresholdPolicy,
 };
 use afstream::operators::*;
@@ -59,8 +59,8 @@ impl<Out> TaskIo<Out> for DelayedIo {
         self.outputs.push_back((at, Ack::Output { item_offset, count: 1 }));
     }
 
-    fn write_backup(&mut self, seq: u64, entries: &[BackupEntry]) {
-        black_box(entries);
+    fn write_backup(&mut self, seq: u64, records: &BackupBatch) {
+        black_box(records);
         let at = Instant::now() + self.round_trip;
         self.changelog.push_back((at, Ack::BackupWritten(seq)));
     }

@@ -4,7 +4,7 @@
 use std::hint::black_box;
 
 use afstream::core::{
-    read_changelog, Ack, BackupEntry, BackupMarker, ControllerConfig, GlobalThresholds, Mode, Operator, TaskDriver,
+    read_changelog, Ack, BackupBatch, BackupMarker, ControllerConfig, GlobalThresholds, Mode, Operator, TaskDriver,
     TaskIo,
 };
 
@@ -20,8 +20,8 @@ impl<Out> TaskIo<Out> for InstantIo {
         self.acks.push(Ack::Output { item_offset, count: 1 });
     }
 
-    fn write_backup(&mut self, seq: u64, entries: &[BackupEntry]) {
-        black_box(entries);
+    fn write_backup(&mut self, seq: u64, records: &BackupBatch) {
+        black_box(records);
         self.acks.push(Ack::BackupWritten(seq));
     }
 

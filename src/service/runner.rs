@@ -31,8 +31,8 @@ use super::state::lock_state_dir;
 use super::store::{StoreBudget, StoreMeta, TaskStore};
 use super::ServiceError;
 use crate::core::{
-    Ack, BackupEntry, BackupMarker, Blocked, ControllerConfig, DriverStats, MarkedState, Mode, RecoveryPlan, Rejected,
-    TaskDriver, TaskIo,
+    Ack, BackupBatch, BackupEntry, BackupMarker, Blocked, ControllerConfig, DriverStats, MarkedState, Mode,
+    RecoveryPlan, Rejected, TaskDriver, TaskIo,
 };
 
 /// Where a partition with no marker and no committed offset starts (the
@@ -836,13 +836,13 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
         }
     }
 
-    fn write_backup(&mut self, seq: u64, entries: &[BackupEntry]) {
+    fn write_backup(&mut self, seq: u64, records: &BackupBatch) {
         self.flight.backups.push_back(OpenBackup {
             seq,
-            remaining: entries.len(),
+            remaining: records.len(),
             failed: false,
         });
-        if entries.is_empty() {
+        if records.is_empty() {
             // Nothing to deliver: written once the backups before it are.
             self.flight.report_backups();
             return;
@@ -853,7 +853,7 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
         };
         self.flight
             .changelog
-            .extend(entries.iter().map(|entry| (entry.clone(), delivery)));
+            .extend(records.iter().map(|record| (record.to_entry(), delivery)));
     }
 
     fn write_marker(&mut self, marker: &BackupMarker) {

@@ -351,7 +351,7 @@ impl KeyStore for RocksKeyStore {
 mod tests {
     use super::*;
     use crate::core::structures::{Norm, Tracked, TrackedTable};
-    use crate::core::BackupScope;
+    use crate::core::{BackupBatch, BackupScope};
 
     const BUDGET: StoreBudget = StoreBudget {
         cache_bytes: 8 << 20,
@@ -373,8 +373,7 @@ mod tests {
         for key in 0..100u64 {
             table.add(&key, key as f64).unwrap();
         }
-        let mut entries = Vec::new();
-        table.backup(0, BackupScope::Drifted, &mut entries);
+        table.backup(0, BackupScope::Drifted, &mut BackupBatch::new(0));
         table.acknowledge(0);
         table.add(&7, 3.0).unwrap();
         table.stage_changes();
@@ -419,8 +418,7 @@ mod tests {
             table.changes_durable();
         };
         let backed_up = |table: &mut TrackedTable<u64>, seq: u64| {
-            let mut entries = Vec::new();
-            table.backup(seq, BackupScope::Drifted, &mut entries);
+            table.backup(seq, BackupScope::Drifted, &mut BackupBatch::new(seq));
             table.acknowledge(seq);
         };
         // One session: drifted, then clean.

@@ -12,11 +12,12 @@ use std::collections::VecDeque;
 
 use serde::Serialize;
 
+use super::batch::BackupBatch;
 use super::controller::{Action, Blocked, ControllerConfig, TaskController};
 use super::entry::BackupEntry;
 use super::error::CoreError;
-use super::logged::PriorChain;
 use super::operator::{Operator, ProcessError, Rejected};
+use super::prior_chain::PriorChain;
 use super::recovery::{BackupMarker, ChangelogState, RecoveryPlan};
 
 /// What the driver needs from its surroundings. Every write is asynchronous: its
@@ -28,7 +29,7 @@ pub trait TaskIo<Output> {
     /// [`crate::logged`]) to the changelog partition, in order, after every
     /// record written before; report [`Ack::BackupWritten`] or
     /// [`Ack::BackupFailed`] once all of them are acknowledged or one failed.
-    fn write_backup(&mut self, seq: u64, entries: &[BackupEntry]);
+    fn write_backup(&mut self, seq: u64, records: &BackupBatch);
     /// Writes a marker after every changelog record written before it; report
     /// [`Ack::MarkerWritten`] or [`Ack::MarkerFailed`]. The changelog must be
     /// gapless: a record lands only if every record written before it landed
@@ -109,12 +110,11 @@ pub struct TaskDriver<O: Operator> {
     operator: O,
     controller: TaskController,
     actions: Vec<Action>,
-    /// The entries of each backup taken and not sent yet, oldest first, held
-    /// from its snapshot until they may go out; `spare` keeps the buffers of
-    /// those sent for reuse.
-    held: VecDeque<(u64, Vec<BackupEntry>)>,
-    spare: Vec<Vec<BackupEntry>>,
-    /// The priors of keys whose last writes may be missing from the log.
+    /// The records of each backup taken and not sent yet, oldest first, held
+    /// from its snapshot until they may go out.
+    held: VecDeque<BackupBatch>,
+    /// The priors of keys whose last writes may be missing from the log; it
+    /// keeps the backups sent until a marker covers them.
     priors: PriorChain,
     /// The keys a recovery restored from priors, written before the start
     /// marker (kept until it is acknowledged, in case they must go again).
@@ -179,7 +179,6 @@ impl<O: Operator> TaskDriver<O> {
             controller,
             actions,
             held: VecDeque::new(),
-            spare: Vec::new(),
             priors: PriorChain::new(),
             rollback,
             markers: VecDeque::new(),
@@ -416,32 +415,33 @@ impl<O: Operator> TaskDriver<O> {
         for action in actions.drain(..) {
             match action {
                 Action::Backup { seq, scope } => {
-                    let mut entries = self.spare.pop().unwrap_or_default();
-                    entries.clear();
-                    self.operator.backup(seq, scope, &mut entries);
+                    let mut records = self.priors.batch(seq);
+                    self.operator.backup(seq, scope, &mut records);
                     if self.faults.skip_backups {
-                        entries.clear();
+                        records.reset(seq);
                     }
                     self.stats.backups += 1;
-                    self.stats.backup_entries += entries.len() as u64;
-                    self.stats.backup_bytes += entries.iter().map(|e| e.encoded_len() as u64).sum::<u64>();
-                    self.held.push_back((seq, entries));
+                    self.stats.backup_entries += records.len() as u64;
+                    self.stats.backup_bytes += records.encoded_len() as u64;
+                    self.held.push_back(records);
                 }
                 Action::SendBackup { seq } => {
-                    if let Some(entries) = self.take_held(seq) {
-                        self.send(seq, &entries, io);
-                        self.spare.push(entries);
+                    if let Some(records) = self.take_held(seq) {
+                        io.write_backup(seq, self.priors.log(records));
                     }
                 }
                 Action::SendRollback { seq } => {
-                    let rollback = std::mem::take(&mut self.rollback);
-                    self.send(seq, &rollback, io);
-                    self.rollback = rollback;
+                    // Each key at the value restored, which is also what the
+                    // log held at the marker: its certain prior.
+                    let mut records = self.priors.batch(seq);
+                    for entry in &self.rollback {
+                        records.push_encoded(&entry.key, entry.value.as_deref(), entry.value.as_deref());
+                    }
+                    io.write_backup(seq, self.priors.log(records));
                 }
                 Action::AbandonBackup { seq } => {
-                    if let Some(entries) = self.take_held(seq) {
-                        self.priors.abandoned(seq, &entries);
-                        self.spare.push(entries);
+                    if let Some(records) = self.take_held(seq) {
+                        self.priors.abandoned(records);
                     }
                     self.operator.fail_backup(seq);
                 }
@@ -460,15 +460,9 @@ impl<O: Operator> TaskDriver<O> {
         self.actions = actions;
     }
 
-    /// Writes backup `seq`'s entries as the changelog logs them: each with its
-    /// sequence and priors.
-    fn send(&mut self, seq: u64, entries: &[BackupEntry], io: &mut impl TaskIo<O::Output>) {
-        io.write_backup(seq, self.priors.log(seq, entries));
-    }
-
-    /// The held entries of backup `seq` (the oldest, as backups go out in order).
-    fn take_held(&mut self, seq: u64) -> Option<Vec<BackupEntry>> {
-        let index = self.held.iter().position(|(s, _)| *s == seq)?;
-        self.held.remove(index).map(|(_, entries)| entries)
+    /// The held records of backup `seq` (the oldest, as backups go out in order).
+    fn take_held(&mut self, seq: u64) -> Option<BackupBatch> {
+        let index = self.held.iter().position(|records| records.seq() == seq)?;
+        self.held.remove(index)
     }
 }

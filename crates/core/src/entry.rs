@@ -15,10 +15,11 @@ use smallvec::SmallVec;
 
 use super::error::CoreError;
 
-/// The bytes of an entry's key or value. Most keys and values are short (a tag and
-/// an index, a version and an f64; logged, with its sequence and prior, about
-/// 26 bytes), so they stay inline: backups are on the hot path and would
-/// otherwise allocate twice per entry.
+/// The bytes of an entry's key or value as read back from a log. Most keys and
+/// values are short (a tag and an index, a version and an f64; logged, with
+/// its sequence and prior, about 26 bytes), so they stay inline: a restore
+/// reads millions of them. Backups write into one buffer instead
+/// ([`crate::batch::BackupBatch`]).
 pub type EntryBytes = SmallVec<[u8; 32]>;
 
 /// The encoding version this build writes and reads.
@@ -33,21 +34,11 @@ pub struct BackupEntry {
     pub key: EntryBytes,
     /// `None` deletes the key.
     pub value: Option<EntryBytes>,
-    /// What a structure's backup says the key held in the last backup issued
-    /// before this one (`None`: no backup held it). The driver logs it as the
-    /// entry's prior (see [`crate::logged`]); records read back from a log and
-    /// entries given to a restore carry none.
-    pub prior: Option<EntryBytes>,
 }
 
 impl BackupEntry {
-    /// An entry without a prior: a record as read from a log, or one to restore.
     pub fn new(key: EntryBytes, value: Option<EntryBytes>) -> Self {
-        BackupEntry {
-            key,
-            value,
-            prior: None,
-        }
+        BackupEntry { key, value }
     }
 
     /// The structure tag the key starts with.

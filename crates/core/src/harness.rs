@@ -19,6 +19,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use super::batch::BackupBatch;
 use super::controller::ControllerConfig;
 use super::driver::{Ack, DriverFaults, DriverStats, TaskDriver, TaskIo};
 use super::entry::BackupEntry;
@@ -380,8 +381,8 @@ impl<Out> TaskIo<Out> for SimBroker<Out> {
         });
     }
 
-    fn write_backup(&mut self, seq: u64, entries: &[BackupEntry]) {
-        self.changelog_records += entries.len() as u64;
+    fn write_backup(&mut self, seq: u64, records: &BackupBatch) {
+        self.changelog_records += records.len() as u64;
         if self.failing {
             self.acks.push(Ack::BackupFailed(seq));
             return;
@@ -391,7 +392,7 @@ impl<Out> TaskIo<Out> for SimBroker<Out> {
             at,
             what: Write::Backup {
                 seq,
-                records: entries.to_vec(),
+                records: records.iter().map(|record| record.to_entry()).collect(),
             },
         });
     }

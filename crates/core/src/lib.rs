@@ -6,9 +6,13 @@
 //! * [`controller`]: when to back up, commit and stop taking input;
 //! * [`recovery`]: backup markers and the decision a starting task makes;
 //! * [`entry`]: the versioned encoding of backup entries;
+//! * [`batch`]: a backup's records, encoded once into one buffer;
+//! * [`logged`]: what a changelog record says besides its value (sequence, priors);
+//! * [`prior_chain`]: the priors a failure or an abandoned backup left uncertain;
 //! * [`harness`]: an in-memory runtime with crash injection that checks the bounds;
 //! * [`cluster`]: the same for a distributed learner's workers and averager.
 
+pub mod batch;
 pub mod cluster;
 pub mod controller;
 pub mod driver;
@@ -19,11 +23,13 @@ pub mod logged;
 pub mod mode;
 pub mod operator;
 pub mod operators;
+pub mod prior_chain;
 pub mod recovery;
 pub mod structures;
 pub mod thresholds;
 pub mod workloads;
 
+pub use batch::{BackupBatch, Record};
 pub use controller::{
     Action, Blocked, ControllerConfig, ControllerFaults, Position, TaskController, DEFAULT_MAX_BACKUPS_IN_FLIGHT,
 };

@@ -25,7 +25,7 @@
 //! sequences start at 1), meaning "the value at any marker that can precede
 //! this entry". A write reported failed breaks that chain: it may have landed
 //! or not, and its marker too, and the backups after it are sent once every
-//! write in flight is reported. So [`PriorChain`] keeps, for each key a failed
+//! write in flight is reported. So [`crate::prior_chain::PriorChain`] keeps, for each key a failed
 //! write (or a backup whose marker failed) touched, every value it may hold at
 //! the possible last markers, newest first with their sequences, down to a
 //! certain one; the next entry of that key carries that chain. A backup taken
@@ -44,12 +44,9 @@
 //! Values of version 1 (written before priors existed) are read as covered by
 //! any marker.
 
-use std::collections::VecDeque;
-
-use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
-use super::entry::{BackupEntry, EntryBytes, ENCODING_VERSION};
+use super::entry::{EntryBytes, ENCODING_VERSION};
 use super::error::CoreError;
 
 /// The version byte of a logged value with its backup sequence and priors.
@@ -106,8 +103,17 @@ impl LoggedValue {
     }
 
     pub fn encode(&self) -> EntryBytes {
-        let priors = self.priors.iter().map(|prior| (prior.seq, prior.value.as_deref()));
-        encode_parts(self.seq, self.value.as_deref(), priors)
+        let mut out = EntryBytes::new();
+        self.encode_into(&mut out);
+        out
+    }
+
+    pub(crate) fn encode_into(&self, out: &mut impl ByteSink) {
+        let priors = self
+            .priors
+            .iter()
+            .map(|prior| (prior.seq, prior.value.as_deref().into()));
+        write_envelope(out, self.seq, self.value.as_deref().into(), priors);
     }
 
     /// Decodes a changelog record's value (`None`: a tombstone).
@@ -135,44 +141,134 @@ impl LoggedValue {
     }
 }
 
-/// The envelope of a record from its parts, so that the common record (one
-/// certain prior) is encoded without building a [`LoggedValue`] first.
-fn encode_parts<'a>(
-    seq: u64,
-    value: Option<&[u8]>,
-    priors: impl ExactSizeIterator<Item = (u64, Option<&'a [u8]>)>,
-) -> EntryBytes {
-    let mut out = EntryBytes::new();
-    out.push(ENVELOPE_VERSION);
-    push_varint(&mut out, seq);
-    push_value(&mut out, value);
-    push_varint(&mut out, priors.len() as u64);
-    for (seq, value) in priors {
-        push_varint(&mut out, seq);
-        push_value(&mut out, value);
+/// Where encoded bytes go: a record's own buffer, or a backup's shared one
+/// ([`crate::batch::BackupBatch`]).
+pub(crate) trait ByteSink {
+    fn put(&mut self, byte: u8);
+    fn put_slice(&mut self, bytes: &[u8]);
+}
+
+impl ByteSink for Vec<u8> {
+    #[inline]
+    fn put(&mut self, byte: u8) {
+        self.push(byte);
     }
-    out
+
+    #[inline]
+    fn put_slice(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
 }
 
-/// The envelope of a record whose one prior is certain.
-fn encode_with_certain_prior(seq: u64, value: Option<&[u8]>, prior: Option<&[u8]>) -> EntryBytes {
-    encode_parts(seq, value, std::iter::once((CERTAIN, prior)))
+impl ByteSink for EntryBytes {
+    #[inline]
+    fn put(&mut self, byte: u8) {
+        self.push(byte);
+    }
+
+    #[inline]
+    fn put_slice(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
 }
 
-fn push_varint(out: &mut EntryBytes, mut value: u64) {
+/// A value as the envelope holds it: `0` for no key, else the length of its
+/// versioned bytes + 1 and those bytes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Slot<'a> {
+    Absent,
+    /// Bytes that start with their encoding version.
+    Versioned(&'a [u8]),
+    /// A payload the current encoding version is put before.
+    Payload(&'a [u8]),
+}
+
+impl<'a> From<Option<&'a [u8]>> for Slot<'a> {
+    fn from(value: Option<&'a [u8]>) -> Self {
+        value.map_or(Slot::Absent, Slot::Versioned)
+    }
+}
+
+/// Writes the envelope of a record from its parts, so that the common record
+/// (one certain prior) is encoded without building a [`LoggedValue`] first.
+#[inline]
+pub(crate) fn write_envelope<'a>(
+    out: &mut impl ByteSink,
+    seq: u64,
+    value: Slot<'_>,
+    priors: impl ExactSizeIterator<Item = (u64, Slot<'a>)>,
+) {
+    out.put(ENVELOPE_VERSION);
+    put_varint(out, seq);
+    put_slot(out, value);
+    put_varint(out, priors.len() as u64);
+    for (seq, value) in priors {
+        put_varint(out, seq);
+        put_slot(out, value);
+    }
+}
+
+/// Writes the envelope of the most common record, an `f64` value with one
+/// certain prior, laid out on the stack and appended at once: a backup of a
+/// large key space writes one per changed key.
+#[inline]
+pub(crate) fn write_f64_envelope(out: &mut Vec<u8>, seq: u64, value: f64, prior: Option<f64>) {
+    // Version, a varint of at most 10 bytes, the value's slot, the priors'
+    // count and sequence, the prior's slot.
+    let mut record = [0u8; 1 + 10 + 10 + 2 + 10];
+    let mut at = 0;
+    let mut put = |bytes: &[u8]| {
+        record[at..at + bytes.len()].copy_from_slice(bytes);
+        at += bytes.len();
+    };
+    let mut seq_bytes = [0u8; 10];
+    let mut seq_len = 0;
+    let mut rest = seq;
+    while rest >= 0x80 {
+        seq_bytes[seq_len] = (rest as u8) | 0x80;
+        rest >>= 7;
+        seq_len += 1;
+    }
+    seq_bytes[seq_len] = rest as u8;
+    put(&[ENVELOPE_VERSION]);
+    put(&seq_bytes[..=seq_len]);
+    put(&[F64_SLOT_LEN, ENCODING_VERSION]);
+    put(&value.to_le_bytes());
+    put(&[1, CERTAIN as u8]);
+    match prior {
+        Some(prior) => {
+            put(&[F64_SLOT_LEN, ENCODING_VERSION]);
+            put(&prior.to_le_bytes());
+        }
+        None => put(&[0]),
+    }
+    out.extend_from_slice(&record[..at]);
+}
+
+/// The slot length of a versioned `f64`: its 9 bytes + 1.
+const F64_SLOT_LEN: u8 = 10;
+
+#[inline]
+fn put_varint(out: &mut impl ByteSink, mut value: u64) {
     while value >= 0x80 {
-        out.push((value as u8) | 0x80);
+        out.put((value as u8) | 0x80);
         value >>= 7;
     }
-    out.push(value as u8);
+    out.put(value as u8);
 }
 
-fn push_value(out: &mut EntryBytes, value: Option<&[u8]>) {
+#[inline]
+fn put_slot(out: &mut impl ByteSink, value: Slot<'_>) {
     match value {
-        None => out.push(0),
-        Some(bytes) => {
-            push_varint(out, bytes.len() as u64 + 1);
-            out.extend_from_slice(bytes);
+        Slot::Absent => out.put(0),
+        Slot::Versioned(bytes) => {
+            put_varint(out, bytes.len() as u64 + 1);
+            out.put_slice(bytes);
+        }
+        Slot::Payload(bytes) => {
+            put_varint(out, bytes.len() as u64 + 2);
+            out.put(ENCODING_VERSION);
+            out.put_slice(bytes);
         }
     }
 }
@@ -238,158 +334,13 @@ fn decode_envelope(bytes: &[u8]) -> Result<LoggedValue, CoreError> {
     Ok(LoggedValue { seq, value, priors })
 }
 
-/// The priors of the keys whose latest writes may or may not be in the log
-/// (see the module docs): the driver asks it for each entry it sends and tells
-/// it what became of each backup.
-#[derive(Clone, Debug, Default)]
-pub struct PriorChain {
-    /// Keys a failed write (or a backup whose marker failed) touched: their
-    /// possible values, newest first, down to a certain one.
-    uncertain: FxHashMap<EntryBytes, Priors>,
-    /// Keys an abandoned backup moved the structure's baseline of: the oldest
-    /// such backup and the prior from before it (certain unless `uncertain`
-    /// knows better).
-    abandoned: FxHashMap<EntryBytes, (u64, Option<EntryBytes>)>,
-    /// The records of the backups sent whose marker is not acknowledged yet,
-    /// oldest first: a failure reads its keys' values and priors back.
-    sent: VecDeque<(u64, Vec<BackupEntry>)>,
-    /// Buffers of covered backups, for reuse.
-    spare: Vec<Vec<BackupEntry>>,
-}
-
-impl PriorChain {
-    pub fn new() -> Self {
-        PriorChain::default()
-    }
-
-    /// The changelog records of backup `seq`'s entries, each with its
-    /// sequence and priors; an entry's `prior` is the structure's baseline,
-    /// used unless a failure made it uncertain. Kept until a marker covering
-    /// them is acknowledged.
-    pub fn log(&mut self, seq: u64, entries: &[BackupEntry]) -> &[BackupEntry] {
-        let mut records = self.spare.pop().unwrap_or_default();
-        records.clear();
-        for entry in entries {
-            let value = if self.is_settled() {
-                // The common case: the structure's baseline is the one prior.
-                encode_with_certain_prior(seq, entry.value.as_deref(), entry.prior.as_deref())
-            } else {
-                let priors = self.priors_of(entry);
-                LoggedValue {
-                    seq,
-                    value: entry.value.clone(),
-                    priors,
-                }
-                .encode()
-            };
-            records.push(BackupEntry::new(entry.key.clone(), Some(value)));
-        }
-        self.sent.push_back((seq, records));
-        self.sent.back().map_or(&[], |(_, records)| records.as_slice())
-    }
-
-    fn priors_of(&mut self, entry: &BackupEntry) -> Priors {
-        if !self.uncertain.is_empty() {
-            if let Some(priors) = self.uncertain.remove(&entry.key) {
-                self.abandoned.remove(&entry.key);
-                return priors;
-            }
-        }
-        let value = if self.abandoned.is_empty() {
-            entry.prior.clone()
-        } else {
-            self.abandoned
-                .remove(&entry.key)
-                .map_or_else(|| entry.prior.clone(), |(_, prior)| prior)
-        };
-        let mut priors = Priors::new();
-        priors.push(Prior { seq: CERTAIN, value });
-        priors
-    }
-
-    /// Backup `seq` failed, or its marker did: each key it wrote may hold its
-    /// value or what it held before. Failures are reported in the order the
-    /// writes went out, so a chain a key has already (from an earlier failed
-    /// write) is older history than this backup's certain prior.
-    pub fn failed(&mut self, seq: u64) {
-        let Some(index) = self.sent.iter().position(|(s, _)| *s == seq) else {
-            return;
-        };
-        let Some((_, records)) = self.sent.remove(index) else {
-            return;
-        };
-        for record in records {
-            // Written by `log` just before: it decodes.
-            let Ok(logged) = LoggedValue::decode(record.value.as_deref()) else {
-                continue;
-            };
-            let older = self.uncertain.remove(&record.key).unwrap_or(logged.priors);
-            let mut priors = Priors::with_capacity(older.len() + 1);
-            priors.push(Prior {
-                seq,
-                value: logged.value,
-            });
-            priors.extend(older);
-            self.uncertain.insert(record.key, priors);
-        }
-    }
-
-    /// The entries of backup `seq`, taken but never sent: the structure moved
-    /// its baseline to them, so the keys' next entries need the prior from
-    /// before the oldest such backup (abandoned backups come newest first).
-    pub fn abandoned(&mut self, seq: u64, entries: &[BackupEntry]) {
-        for entry in entries {
-            let prior = (seq, entry.prior.clone());
-            self.abandoned
-                .entry(entry.key.clone())
-                .and_modify(|known| {
-                    if seq < known.0 {
-                        *known = prior.clone();
-                    }
-                })
-                .or_insert(prior);
-        }
-    }
-
-    /// A marker covering the backups up to `covers` is acknowledged: their
-    /// entries are in the log behind it, so nothing about them is uncertain.
-    pub fn covered(&mut self, covers: u64) {
-        while self.sent.front().is_some_and(|(seq, _)| *seq <= covers) {
-            if let Some((_, records)) = self.sent.pop_front() {
-                self.spare.push(records);
-            }
-        }
-        if !self.uncertain.is_empty() {
-            self.uncertain
-                .retain(|_, priors| priors.first().is_some_and(|newest| newest.seq > covers));
-        }
-    }
-
-    /// Whether any key's prior differs from its structure's baseline.
-    pub fn is_settled(&self) -> bool {
-        self.uncertain.is_empty() && self.abandoned.is_empty()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::{encode_f64, entry_key};
+    use crate::entry::encode_f64;
 
     fn bytes(v: f64) -> EntryBytes {
         encode_f64(v)
-    }
-
-    fn entry(key: &[u8], value: f64, prior: Option<f64>) -> BackupEntry {
-        BackupEntry {
-            key: entry_key(1, key),
-            value: Some(bytes(value)),
-            prior: prior.map(bytes),
-        }
-    }
-
-    fn decoded(record: &BackupEntry) -> LoggedValue {
-        LoggedValue::decode(record.value.as_deref()).unwrap()
     }
 
     #[test]
@@ -456,38 +407,28 @@ mod tests {
     }
 
     #[test]
-    fn a_sent_entry_carries_its_structures_baseline_until_a_failure() {
-        let mut chain = PriorChain::new();
-        let first = chain.log(1, &[entry(b"k", 5.0, Some(2.0))])[0].clone();
-        assert_eq!(
-            decoded(&first).priors.as_slice(),
-            &[Prior {
-                seq: CERTAIN,
-                value: Some(bytes(2.0))
-            }]
-        );
-        chain.failed(1);
-        // The structure's baseline moved to 5 when backup 1 was taken.
-        let again = decoded(&chain.log(3, &[entry(b"k", 6.0, Some(5.0))])[0]);
-        assert_eq!(
-            again.priors.as_slice(),
-            &[
-                Prior {
-                    seq: 1,
-                    value: Some(bytes(5.0))
-                },
-                Prior {
-                    seq: CERTAIN,
-                    value: Some(bytes(2.0))
-                }
-            ]
-        );
-        assert_eq!(again.at_marker(0).unwrap(), Some(&bytes(2.0)));
-        assert_eq!(again.at_marker(1).unwrap(), Some(&bytes(5.0)));
-        chain.covered(3);
-        assert!(chain.is_settled());
-        let later = decoded(&chain.log(4, &[entry(b"k", 7.0, Some(6.0))])[0]);
-        assert_eq!(later.priors.len(), 1, "a covered write is certain again");
+    fn an_f64_record_is_laid_out_as_the_general_envelope() {
+        for seq in [0, 1, 127, 128, 300, 1 << 40, u64::MAX] {
+            for prior in [None, Some(-2.5)] {
+                let mut fast = Vec::new();
+                write_f64_envelope(&mut fast, seq, 1.25, prior);
+                let general = LoggedValue {
+                    seq,
+                    value: Some(bytes(1.25)),
+                    priors: [Prior {
+                        seq: CERTAIN,
+                        value: prior.map(bytes),
+                    }]
+                    .into_iter()
+                    .collect(),
+                };
+                assert_eq!(
+                    fast.as_slice(),
+                    general.encode().as_slice(),
+                    "seq {seq}, prior {prior:?}"
+                );
+            }
+        }
     }
 
     #[test]
@@ -507,67 +448,10 @@ mod tests {
                 .into_iter()
                 .collect(),
             };
-            assert_eq!(
-                encode_with_certain_prior(300, value.as_deref(), prior.as_deref()),
-                record.encode()
-            );
+            let mut batch = crate::batch::BackupBatch::new(300);
+            batch.push_encoded(b"k", value.as_deref(), prior.as_deref());
+            let logged = batch.iter().next().unwrap();
+            assert_eq!(logged.value, record.encode().as_slice());
         }
-    }
-
-    #[test]
-    fn an_acknowledged_marker_settles_what_it_covers_and_frees_its_records() {
-        let mut chain = PriorChain::new();
-        chain.log(1, &[entry(b"k", 5.0, Some(2.0))]);
-        chain.log(3, &[entry(b"j", 1.0, None)]);
-        // Backup 1's marker failed: its entries may stand uncovered.
-        chain.failed(1);
-        assert!(!chain.is_settled());
-        chain.covered(2);
-        assert!(chain.is_settled(), "a marker over backup 1 is in the log");
-        chain.failed(1);
-        assert!(chain.is_settled(), "backup 1's records were let go");
-        // Backup 3 is not covered yet: its failure still counts.
-        chain.failed(3);
-        assert!(!chain.is_settled());
-        let next = decoded(&chain.log(5, &[entry(b"j", 2.0, Some(1.0))])[0]);
-        assert_eq!(next.at_marker(2).unwrap(), None, "j did not exist before backup 3");
-        chain.covered(5);
-        chain.failed(3);
-        assert!(chain.is_settled(), "covering 5 let backup 3 go too");
-        // A marker short of a failed backup settles nothing of it; one that
-        // covers it exactly does.
-        chain.log(7, &[entry(b"m", 1.0, None)]);
-        chain.failed(7);
-        chain.covered(6);
-        assert!(!chain.is_settled(), "backup 7 may or may not be in the log");
-        chain.covered(7);
-        assert!(chain.is_settled(), "a marker over backup 7 is in the log");
-    }
-
-    #[test]
-    fn failures_in_a_row_keep_every_possible_value() {
-        let mut chain = PriorChain::new();
-        chain.log(1, &[entry(b"k", 1.0, Some(0.0))]);
-        chain.log(2, &[entry(b"k", 2.0, Some(1.0))]);
-        chain.failed(1);
-        chain.failed(2);
-        let next = decoded(&chain.log(3, &[entry(b"k", 3.0, Some(2.0))])[0]);
-        let seqs: Vec<u64> = next.priors.iter().map(|p| p.seq).collect();
-        assert_eq!(seqs, vec![2, 1, CERTAIN]);
-        assert_eq!(next.at_marker(0).unwrap(), Some(&bytes(0.0)));
-        assert_eq!(next.at_marker(1).unwrap(), Some(&bytes(1.0)));
-        assert_eq!(next.at_marker(2).unwrap(), Some(&bytes(2.0)));
-    }
-
-    #[test]
-    fn an_abandoned_backup_leaves_the_prior_from_before_it() {
-        let mut chain = PriorChain::new();
-        chain.abandoned(3, &[entry(b"k", 4.0, Some(2.0))]);
-        chain.abandoned(2, &[entry(b"k", 2.0, Some(1.0))]);
-        chain.abandoned(4, &[entry(b"k", 5.0, Some(4.0))]);
-        assert!(!chain.is_settled());
-        let next = decoded(&chain.log(5, &[entry(b"k", 4.5, Some(4.0))])[0]);
-        assert_eq!(next.at_marker(0).unwrap(), Some(&bytes(1.0)));
-        assert!(chain.is_settled());
     }
 }

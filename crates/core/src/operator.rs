@@ -2,6 +2,7 @@
 
 use thiserror::Error;
 
+use super::batch::BackupBatch;
 use super::entry::{BackupEntry, MARKER_TAG};
 use super::error::CoreError;
 pub use super::structures::BackupScope;
@@ -67,7 +68,7 @@ pub trait Operator {
     /// Appends the entries of backup `seq` to `out`; the divergence counts from
     /// this backup from now on. Should it fail ([`Operator::fail_backup`]), its
     /// entries are owed to the next backup.
-    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>);
+    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut BackupBatch);
 
     /// Backup `seq` and all earlier ones reached the store.
     fn acknowledge_backup(&mut self, seq: u64);
@@ -112,8 +113,8 @@ pub trait Operator {
         Self: Sized;
 }
 
-/// Backs up several structures into one entry list.
-pub fn backup_all(parts: &mut [&mut dyn Tracked], seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
+/// Backs up several structures into one backup.
+pub fn backup_all(parts: &mut [&mut dyn Tracked], seq: u64, scope: BackupScope, out: &mut BackupBatch) {
     for part in parts.iter_mut() {
         part.backup(seq, scope, out);
     }

@@ -237,11 +237,7 @@ impl MarkedState {
         let mut rolled_back: Vec<BackupEntry> = self
             .rolled_back
             .into_iter()
-            .map(|(key, value)| BackupEntry {
-                key,
-                prior: value.clone(),
-                value,
-            })
+            .map(|(key, value)| BackupEntry::new(key, value))
             .collect();
         rolled_back.sort_unstable_by(|a, b| a.key.cmp(&b.key));
         Restart {
@@ -561,11 +557,7 @@ mod tests {
     const C: AnalysisConstants = AnalysisConstants { alpha: 2.0, beta: 1 };
 
     fn entry(key: &[u8], value: Option<&[u8]>) -> BackupEntry {
-        BackupEntry {
-            key: entry_key(1, key),
-            value: value.map(versioned),
-            prior: None,
-        }
+        BackupEntry::new(entry_key(1, key), value.map(versioned))
     }
 
     #[test]
@@ -619,12 +611,7 @@ mod tests {
             BackupMarker::from_entry(&entry),
             Err(CoreError::Undecodable { .. })
         ));
-        assert!(BackupMarker::from_entry(&BackupEntry {
-            key: BackupMarker::key(),
-            value: None,
-            prior: None
-        })
-        .is_err());
+        assert!(BackupMarker::from_entry(&BackupEntry::new(BackupMarker::key(), None)).is_err());
     }
 
     #[test]
@@ -657,11 +644,7 @@ mod tests {
         let again = read_changelog(&compacted).unwrap();
         assert_eq!((again.entries, again.marker), (state.entries, state.marker));
         let mut broken = log.clone();
-        broken.push(BackupEntry {
-            key: BackupMarker::key(),
-            value: Some(versioned(b"short")),
-            prior: None,
-        });
+        broken.push(BackupEntry::new(BackupMarker::key(), Some(versioned(b"short"))));
         assert!(
             read_changelog(&broken).is_err(),
             "an undecodable last marker is an error"
@@ -671,13 +654,11 @@ mod tests {
     /// A record as the driver logs it: value `value` in backup `seq`, the key
     /// holding `prior` before.
     fn logged(key: &[u8], seq: u64, value: f64, prior: Option<f64>) -> BackupEntry {
-        let mut chain = crate::logged::PriorChain::new();
-        let entry = BackupEntry {
-            key: entry_key(1, key),
-            value: Some(crate::entry::encode_f64(value)),
-            prior: prior.map(crate::entry::encode_f64),
-        };
-        chain.log(seq, &[entry])[0].clone()
+        let mut chain = crate::prior_chain::PriorChain::new();
+        let mut batch = chain.batch(seq);
+        batch.push_f64(1, |out| out.extend_from_slice(key), value, prior);
+        let record = chain.log(batch).iter().next().unwrap().to_entry();
+        record
     }
 
     /// Marker 3 at offset 10, behind backup 2.

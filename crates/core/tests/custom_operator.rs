@@ -5,8 +5,8 @@
 use afstream_core::harness::{simulate, SimulationOptions};
 use afstream_core::operator::{acknowledge_all, backup_all, fail_all, restore_all};
 use afstream_core::{
-    AnalysisConstants, BackupEntry, BackupScope, ControllerConfig, CoreError, FailurePolicy, GlobalThresholds, Mode,
-    Norm, Operator, Placement, ProcessError, ThresholdPolicy, Tracked, TrackedSet,
+    AnalysisConstants, BackupBatch, BackupEntry, BackupScope, ControllerConfig, CoreError, FailurePolicy,
+    GlobalThresholds, Mode, Norm, Operator, Placement, ProcessError, ThresholdPolicy, Tracked, TrackedSet,
 };
 
 #[derive(Clone)]
@@ -31,7 +31,7 @@ impl Operator for DistinctVisitors {
         Norm::KeyCount
     }
     fn set_theta(&mut self, _theta: f64) {}
-    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
+    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut BackupBatch) {
         backup_all(&mut [&mut self.visitors], seq, scope, out);
     }
     fn acknowledge_backup(&mut self, seq: u64) {
@@ -89,20 +89,17 @@ fn undecodable_and_foreign_entries_are_typed_errors() {
     let foreign = BackupEntry {
         key: [9, 1, 2].as_slice().into(),
         value: Some([1].as_slice().into()),
-        prior: None,
     };
     let err = op.restore(&[foreign]).unwrap_err();
     assert!(err.to_string().contains("tag 9"), "{err}");
     let short_key = BackupEntry {
         key: [1, 2].as_slice().into(),
         value: Some([1].as_slice().into()),
-        prior: None,
     };
     assert!(matches!(op.restore(&[short_key]), Err(CoreError::Undecodable { .. })));
     let future = BackupEntry {
         key: [vec![1], 5u64.to_be_bytes().to_vec()].concat().as_slice().into(),
         value: Some([7].as_slice().into()),
-        prior: None,
     };
     assert!(matches!(
         op.restore(&[future]),

@@ -8,7 +8,7 @@ use afstream_core::operators::{
     Consistency, DistributedSgdConfig, GlobalModel, LabeledVector, SgdWorker, WordCount, WordCountConfig,
 };
 use afstream_core::{
-    Ack, BackupEntry, BackupMarker, ControllerConfig, FailurePolicy, GlobalThresholds, Mode, Operator, Placement,
+    Ack, BackupBatch, BackupMarker, ControllerConfig, FailurePolicy, GlobalThresholds, Mode, Operator, Placement,
     RecoveryPlan, Rejected, TaskDriver, TaskIo, ThresholdPolicy,
 };
 
@@ -26,7 +26,7 @@ impl<Output> TaskIo<Output> for Recorder {
     fn send_output(&mut self, item_offset: u64, _output: Output) {
         self.outputs.push(item_offset);
     }
-    fn write_backup(&mut self, seq: u64, _entries: &[BackupEntry]) {
+    fn write_backup(&mut self, seq: u64, _records: &BackupBatch) {
         self.backups.push(seq);
     }
     fn write_marker(&mut self, marker: &BackupMarker) {

@@ -7,7 +7,7 @@
 mod common;
 
 use afstream_core::entry::decode_f64;
-use afstream_core::{BackupEntry, BackupScope, MemoryKeyStore, Norm, Tracked, TrackedTable};
+use afstream_core::{BackupBatch, BackupEntry, BackupScope, MemoryKeyStore, Norm, Tracked, TrackedTable};
 use proptest::prelude::*;
 use rustc_hash::FxHashMap;
 
@@ -40,8 +40,9 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
     )
 }
 
-fn sorted(entries: &[BackupEntry]) -> Vec<BackupEntry> {
-    let mut entries = entries.to_vec();
+/// A backup's records (keys, values and priors as logged), in key order.
+fn sorted(batch: &BackupBatch) -> Vec<BackupEntry> {
+    let mut entries: Vec<BackupEntry> = batch.iter().map(|record| record.to_entry()).collect();
     entries.sort_by(|a, b| a.key.cmp(&b.key));
     entries
 }
@@ -137,7 +138,7 @@ impl Pair {
                 } else {
                     BackupScope::Drifted
                 };
-                let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+                let (mut mine, mut theirs) = (BackupBatch::new(self.seq), BackupBatch::new(self.seq));
                 self.subject.backup(self.seq, scope, &mut mine);
                 self.reference.backup(self.seq, scope, &mut theirs);
                 // Under memory pressure (or after a restart, owing every drift) a
@@ -148,8 +149,11 @@ impl Pair {
                 }
                 // Only a complete backup taken with none in flight settles the
                 // changelog: one in flight may still fail and owe its keys.
-                self.written
-                    .push((self.seq, *complete && self.in_flight.is_empty(), mine));
+                self.written.push((
+                    self.seq,
+                    *complete && self.in_flight.is_empty(),
+                    mine.entries().unwrap(),
+                ));
                 self.changed_since_backup = false;
                 self.in_flight.push(self.seq);
                 self.seq += 1;
@@ -242,7 +246,7 @@ fn only_drifted_keys_and_the_budget_stay_in_memory() {
         table.add(&key, 1.0).unwrap();
     }
     assert_eq!(table.len(), 1000, "nothing is durable yet");
-    let mut entries = Vec::new();
+    let mut entries = BackupBatch::new(0);
     table.backup(0, BackupScope::Drifted, &mut entries);
     assert_eq!(entries.len(), 1000);
     table.stage_changes();
@@ -268,11 +272,11 @@ fn a_restart_owes_every_key_a_backup_in_flight_wrote() {
         let mut table: TrackedTable<u64> = TrackedTable::with_store(TAG, norm, Box::new(store.clone()), 0);
         table.set_theta(4.0);
         table.add(&1, 5.0).unwrap();
-        let mut entries = Vec::new();
+        let mut entries = BackupBatch::new(0);
         table.backup(0, BackupScope::Complete, &mut entries);
         table.acknowledge(0);
         table.add(&1, 5.0).unwrap();
-        entries.clear();
+        entries.reset(1);
         table.backup(1, BackupScope::Drifted, &mut entries);
         assert_eq!(entries.len(), 1, "{norm:?}");
         // Back to the acknowledged value while backup 1 (value 10) is in flight:
@@ -287,7 +291,7 @@ fn a_restart_owes_every_key_a_backup_in_flight_wrote() {
         let mut restarted: TrackedTable<u64> = TrackedTable::with_store(TAG, norm, Box::new(store.clone()), 0);
         restarted.set_theta(4.0);
         assert_eq!(restarted.load_drifted().unwrap(), 1, "{norm:?}");
-        entries.clear();
+        entries.reset(2);
         // Even a backup for l alone, which leaves drifts within θ unwritten.
         restarted.backup(2, BackupScope::Owed, &mut entries);
         assert_eq!(
@@ -331,7 +335,7 @@ fn a_max_norm_table_over_its_budget_writes_its_small_drifts_so_they_can_leave_me
     store.write();
     table.changes_durable();
     assert_eq!(table.len(), 10, "drifts of 1 (under θ/2) are not clean");
-    let mut entries = Vec::new();
+    let mut entries = BackupBatch::new(0);
     table.backup(0, BackupScope::Drifted, &mut entries);
     assert_eq!(
         entries.len(),

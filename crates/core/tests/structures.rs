@@ -2,7 +2,9 @@
 //! scratch against the backups issued, through random updates, backups,
 //! acknowledgements and failures.
 
-use afstream_core::{BackupEntry, BackupScope, Norm, Tracked, TrackedSet, TrackedTable, TrackedValue, TrackedVector};
+use afstream_core::{
+    BackupBatch, BackupEntry, BackupScope, Norm, Tracked, TrackedSet, TrackedTable, TrackedValue, TrackedVector,
+};
 use std::collections::VecDeque;
 
 use proptest::prelude::*;
@@ -53,9 +55,9 @@ fn drive<T: Tracked>(
                 } else {
                     BackupScope::Drifted
                 };
-                let mut entries = Vec::new();
-                live.backup(seq, scope, &mut entries);
-                issued.push((seq, entries));
+                let mut records = BackupBatch::new(seq);
+                live.backup(seq, scope, &mut records);
+                issued.push((seq, records.entries().unwrap()));
                 in_flight.push_back(seq);
                 seq += 1;
                 owed = false;

@@ -3,6 +3,7 @@
 
 use regex::Regex;
 
+use crate::batch::BackupBatch;
 use crate::entry::BackupEntry;
 use crate::error::CoreError;
 use crate::operator::{restore_all, AnalysisConstants, BackupScope, Operator, ProcessError};
@@ -41,7 +42,7 @@ impl Operator for Grep {
 
     fn set_theta(&mut self, _theta: f64) {}
 
-    fn backup(&mut self, _seq: u64, _scope: BackupScope, _out: &mut Vec<BackupEntry>) {}
+    fn backup(&mut self, _seq: u64, _scope: BackupScope, _out: &mut BackupBatch) {}
 
     fn acknowledge_backup(&mut self, _seq: u64) {}
 

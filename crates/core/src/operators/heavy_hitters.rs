@@ -14,6 +14,7 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::batch::BackupBatch;
 use crate::entry::BackupEntry;
 use crate::error::CoreError;
 use crate::operator::{
@@ -217,7 +218,7 @@ impl Operator for HeavyHitters {
         self.sketch.set_theta(theta);
     }
 
-    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
+    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut BackupBatch) {
         backup_all(
             &mut [&mut self.sketch, &mut self.total, &mut self.reported],
             seq,
@@ -354,7 +355,7 @@ mod tests {
         assert!(hh.divergence() <= 1500.0);
         hh.process(&packet("a", 1000), &mut out).unwrap();
         assert_eq!(hh.divergence(), 2000.0);
-        let mut entries = Vec::new();
+        let mut entries = BackupBatch::new(0);
         hh.backup(0, BackupScope::Drifted, &mut entries);
         let counters = entries.iter().filter(|e| e.key[0] == SKETCH).count();
         assert_eq!(counters, 4, "one counter per row for flow a, none for b");
@@ -363,14 +364,14 @@ mod tests {
             "measured from the backup issued, acknowledged or not"
         );
         hh.fail_backup(0);
-        let mut again = Vec::new();
+        let mut again = BackupBatch::new(1);
         hh.backup(1, BackupScope::Owed, &mut again);
         let owed = again.iter().filter(|e| e.key[0] == SKETCH).count();
         assert_eq!(owed, counters, "a failed backup's counters are owed again");
         hh.acknowledge_backup(1);
         assert!(hh.divergence() <= 1500.0);
         let mut restored = HeavyHitters::new(HeavyHitterConfig::default()).unwrap();
-        restored.restore(&entries).unwrap();
+        restored.restore(&entries.entries().unwrap()).unwrap();
         assert_eq!(restored.estimate(b"a"), 2000.0);
         assert_eq!(restored.estimate(b"b"), 0.0, "b's drift was under θ");
     }

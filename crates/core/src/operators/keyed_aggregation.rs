@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::batch::BackupBatch;
 use crate::entry::BackupEntry;
 use crate::error::CoreError;
 use crate::operator::{AnalysisConstants, BackupScope, Operator, ProcessError, Rejected};
@@ -156,7 +157,7 @@ impl Operator for KeyedAggregation {
         self.table.set_theta(theta);
     }
 
-    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
+    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut BackupBatch) {
         self.table.backup(seq, scope, out);
     }
 

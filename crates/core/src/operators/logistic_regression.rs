@@ -14,6 +14,7 @@
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::batch::BackupBatch;
 use crate::entry::BackupEntry;
 use crate::error::CoreError;
 use crate::operator::{
@@ -273,7 +274,7 @@ impl Operator for OnlineLogisticRegression {
         set_theta_all(&mut [&mut self.weights], theta);
     }
 
-    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
+    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut BackupBatch) {
         backup_all(&mut self.parts(), seq, scope, out);
     }
 

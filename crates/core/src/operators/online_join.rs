@@ -19,6 +19,7 @@
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use crate::batch::BackupBatch;
 use crate::entry::BackupEntry;
 use crate::error::CoreError;
 use crate::operator::{
@@ -211,7 +212,7 @@ impl Operator for OnlineJoin {
 
     fn set_theta(&mut self, _theta: f64) {}
 
-    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
+    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut BackupBatch) {
         // A key's sum changes exactly when its count does, so the sums drift
         // where the counts drift and follow the counts' scope: a backup for l
         // within θ leaves both unwritten (a sum is then off by at most the
@@ -319,10 +320,10 @@ mod tests {
         let est = join.estimate();
         assert!(relative_error(est.count, count) < 0.15, "{} vs {count}", est.count);
         assert!((est.count - count).abs() <= 2.5 * est.count_ci95, "within the interval");
-        let mut entries = Vec::new();
+        let mut entries = BackupBatch::new(0);
         join.backup(0, BackupScope::Complete, &mut entries);
         let mut restored = OnlineJoin::new(JoinConfig::default()).unwrap();
-        restored.restore(&entries).unwrap();
+        restored.restore(&entries.entries().unwrap()).unwrap();
         assert_eq!(restored.estimate(), JoinEstimate { ..est });
         assert_eq!(join.distance(&restored), 0.0);
     }

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::keyed_aggregation::KeyUpdate;
 use super::word_count::words;
+use crate::batch::BackupBatch;
 use crate::entry::BackupEntry;
 use crate::error::CoreError;
 use crate::operator::{restore_all, AnalysisConstants, BackupScope, Operator, ProcessError, Rejected};
@@ -83,7 +84,7 @@ impl Operator for Tokenize {
 
     fn set_theta(&mut self, _theta: f64) {}
 
-    fn backup(&mut self, _seq: u64, _scope: BackupScope, _out: &mut Vec<BackupEntry>) {}
+    fn backup(&mut self, _seq: u64, _scope: BackupScope, _out: &mut BackupBatch) {}
 
     fn acknowledge_backup(&mut self, _seq: u64) {}
 

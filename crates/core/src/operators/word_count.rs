@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::keyed_aggregation::{table_norm, KeyUpdate};
+use crate::batch::BackupBatch;
 use crate::entry::BackupEntry;
 use crate::error::CoreError;
 use crate::operator::{AnalysisConstants, BackupScope, Operator, ProcessError, Rejected};
@@ -127,7 +128,7 @@ impl Operator for WordCount {
         self.counts.set_theta(theta);
     }
 
-    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
+    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut BackupBatch) {
         self.counts.backup(seq, scope, out);
     }
 

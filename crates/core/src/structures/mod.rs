@@ -81,6 +81,7 @@ impl Norm {
     }
 }
 
+use crate::batch::BackupBatch;
 use crate::entry::BackupEntry;
 use crate::error::CoreError;
 
@@ -95,7 +96,7 @@ pub trait Tracked {
     /// The task's current θ (only max-difference structures use it).
     fn set_theta(&mut self, theta: f64);
     /// Appends this structure's entries of backup `seq` to `out`.
-    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>);
+    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut BackupBatch);
     /// Backup `seq` (and every earlier one) reached the store.
     fn acknowledge(&mut self, seq: u64);
     /// Backup `seq` did not reach the store.

@@ -6,7 +6,8 @@ use rustc_hash::FxHashSet;
 
 use super::BackupScope;
 use super::{check_tag, TableKey, Tracked};
-use crate::entry::{entry_key, versioned, BackupEntry};
+use crate::batch::BackupBatch;
+use crate::entry::BackupEntry;
 use crate::error::CoreError;
 
 /// A set whose divergence is the number of members added or removed since the last
@@ -95,20 +96,15 @@ impl<K: TableKey> Tracked for TrackedSet<K> {
 
     fn set_theta(&mut self, _theta: f64) {}
 
-    fn backup(&mut self, seq: u64, _scope: BackupScope, out: &mut Vec<BackupEntry>) {
+    fn backup(&mut self, seq: u64, _scope: BackupScope, out: &mut BackupBatch) {
         let mut snapshot = Vec::with_capacity(self.changed.len() + self.owed.len());
         let owed = self.owed.iter().filter(|member| !self.changed.contains(*member));
         for member in self.changed.iter().chain(owed) {
             let present = self.members.contains(member);
             // A changed member's presence differs from the last backup's.
             let present_before = present != self.changed.contains(member);
-            let mut key = entry_key(self.tag, &[]);
-            member.write_key(&mut key);
-            out.push(BackupEntry {
-                key,
-                value: present.then(|| versioned(&[])),
-                prior: present_before.then(|| versioned(&[])),
-            });
+            let key = |bytes: &mut Vec<u8>| member.write_key(bytes);
+            out.push(self.tag, key, present.then_some(&[]), present_before.then_some(&[]));
             snapshot.push(member.clone());
         }
         self.owed.clear();

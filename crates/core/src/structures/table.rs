@@ -9,17 +9,18 @@ use super::slots::DriftSlots;
 use super::store::KeyStore;
 use super::BackupScope;
 use super::{check_tag, Norm, Tracked};
-use crate::entry::{decode_f64, encode_f64, entry_key, BackupEntry, EntryBytes};
+use crate::batch::BackupBatch;
+use crate::entry::{decode_f64, BackupEntry};
 use crate::error::CoreError;
 
 /// A key a [`TrackedTable`] can write into a backup entry and read back.
 pub trait TableKey: Clone + Eq + Hash {
-    fn write_key(&self, out: &mut EntryBytes);
+    fn write_key(&self, out: &mut Vec<u8>);
     fn read_key(bytes: &[u8]) -> Result<Self, CoreError>;
 }
 
 impl TableKey for Vec<u8> {
-    fn write_key(&self, out: &mut EntryBytes) {
+    fn write_key(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self);
     }
     fn read_key(bytes: &[u8]) -> Result<Self, CoreError> {
@@ -28,7 +29,7 @@ impl TableKey for Vec<u8> {
 }
 
 impl TableKey for String {
-    fn write_key(&self, out: &mut EntryBytes) {
+    fn write_key(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self.as_bytes());
     }
     fn read_key(bytes: &[u8]) -> Result<Self, CoreError> {
@@ -37,7 +38,7 @@ impl TableKey for String {
 }
 
 impl TableKey for u64 {
-    fn write_key(&self, out: &mut EntryBytes) {
+    fn write_key(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.to_be_bytes());
     }
     fn read_key(bytes: &[u8]) -> Result<Self, CoreError> {
@@ -49,7 +50,7 @@ impl TableKey for u64 {
 }
 
 impl TableKey for (u64, u8) {
-    fn write_key(&self, out: &mut EntryBytes) {
+    fn write_key(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.0.to_be_bytes());
         out.push(self.1);
     }
@@ -82,7 +83,7 @@ pub struct TrackedTable<K: TableKey> {
 struct StoreBacking {
     store: Box<dyn KeyStore>,
     resident_budget: usize,
-    key_bytes: EntryBytes,
+    key_bytes: Vec<u8>,
 }
 
 impl<K: TableKey> Clone for TrackedTable<K> {
@@ -95,7 +96,7 @@ impl<K: TableKey> Clone for TrackedTable<K> {
             store: self.store.as_ref().map(|backing| StoreBacking {
                 store: backing.store.boxed_clone(),
                 resident_budget: backing.resident_budget,
-                key_bytes: EntryBytes::new(),
+                key_bytes: Vec::new(),
             }),
         }
     }
@@ -130,7 +131,7 @@ impl<K: TableKey> TrackedTable<K> {
         table.store = Some(StoreBacking {
             store,
             resident_budget,
-            key_bytes: EntryBytes::new(),
+            key_bytes: Vec::new(),
         });
         table
     }
@@ -221,7 +222,7 @@ impl<K: TableKey> TrackedTable<K> {
         }
         match &self.store {
             Some(backing) => {
-                let mut bytes = EntryBytes::new();
+                let mut bytes = Vec::new();
                 key.write_key(&mut bytes);
                 Ok(backing.store.load(self.tag, &bytes)?.map(|stored| stored.live))
             }
@@ -345,20 +346,16 @@ impl<K: TableKey> Tracked for TrackedTable<K> {
         self.slots.set_theta(theta);
     }
 
-    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
-        let tag = self.tag;
+    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut BackupBatch) {
         let keys = &self.keys;
-        out.extend(self.slots.backup(seq, scope).iter().map(|written| {
-            let mut key = entry_key(tag, &[]);
-            if let Some(k) = &keys[written.index as usize] {
-                k.write_key(&mut key);
-            }
-            BackupEntry {
-                key,
-                value: Some(encode_f64(written.value)),
-                prior: written.prior.map(encode_f64),
-            }
-        }));
+        for written in self.slots.backup(seq, scope) {
+            let key = |bytes: &mut Vec<u8>| {
+                if let Some(k) = &keys[written.index as usize] {
+                    k.write_key(bytes);
+                }
+            };
+            out.push_f64(self.tag, key, written.value, written.prior);
+        }
     }
 
     fn acknowledge(&mut self, seq: u64) {

@@ -2,7 +2,8 @@
 
 use super::BackupScope;
 use super::{check_tag, Tracked};
-use crate::entry::{decode_f64, encode_f64, entry_key, BackupEntry};
+use crate::batch::BackupBatch;
+use crate::entry::{decode_f64, BackupEntry};
 use crate::error::CoreError;
 
 /// One number whose divergence is the absolute difference from its last backup
@@ -62,20 +63,15 @@ impl Tracked for TrackedValue {
 
     fn set_theta(&mut self, _theta: f64) {}
 
-    fn backup(&mut self, seq: u64, _scope: BackupScope, out: &mut Vec<BackupEntry>) {
+    fn backup(&mut self, seq: u64, _scope: BackupScope, out: &mut BackupBatch) {
         if self.backed == self.live && !self.owed {
             return;
         }
         self.owed = false;
-        let prior = encode_f64(self.backed);
+        out.push_f64(self.tag, |_| {}, self.live, Some(self.backed));
         // Measured from the last backup issued (see `DriftSlots`).
         self.backed = self.live;
         self.pending.push(seq);
-        out.push(BackupEntry {
-            key: entry_key(self.tag, &[]),
-            value: Some(encode_f64(self.live)),
-            prior: Some(prior),
-        });
     }
 
     fn acknowledge(&mut self, seq: u64) {

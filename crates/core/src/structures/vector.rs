@@ -3,7 +3,8 @@
 use super::slots::DriftSlots;
 use super::BackupScope;
 use super::{check_tag, Norm, Tracked};
-use crate::entry::{decode_f64, encode_f64, entry_key, BackupEntry};
+use crate::batch::BackupBatch;
+use crate::entry::{decode_f64, BackupEntry};
 use crate::error::CoreError;
 
 /// A fixed-length vector with L1, L2 or max-difference divergence.
@@ -86,13 +87,11 @@ impl Tracked for TrackedVector {
         self.slots.set_theta(theta);
     }
 
-    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
-        let tag = self.tag;
-        out.extend(self.slots.backup(seq, scope).iter().map(|written| BackupEntry {
-            key: entry_key(tag, &written.index.to_be_bytes()),
-            value: Some(encode_f64(written.value)),
-            prior: written.prior.map(encode_f64),
-        }));
+    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut BackupBatch) {
+        for written in self.slots.backup(seq, scope) {
+            let key = |bytes: &mut Vec<u8>| bytes.extend_from_slice(&written.index.to_be_bytes());
+            out.push_f64(self.tag, key, written.value, written.prior);
+        }
     }
 
     fn acknowledge(&mut self, seq: u64) {

@@ -18,6 +18,7 @@
 //! the marker differ from the lost state, by what the last backup left
 //! unwritten: at most θ. β = 1 (at most one global model per message).
 
+use crate::batch::BackupBatch;
 use crate::entry::BackupEntry;
 use crate::error::CoreError;
 use crate::operator::{
@@ -213,7 +214,7 @@ impl Operator for ModelAverager {
         set_theta_all(&mut [&mut self.slices], theta);
     }
 
-    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
+    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut BackupBatch) {
         let [slices, mut uncounted @ ..] = self.parts();
         backup_all(&mut [slices], seq, scope, out);
         backup_all(&mut uncounted, seq, scope.for_uncounted(), out);
@@ -328,10 +329,10 @@ mod tests {
         take(&mut averager, model(0, 1, vec![(1, 2.0)]));
         take(&mut averager, model(1, 1, vec![(1, 4.0), (16, 1.0)]));
         take(&mut averager, model(0, 2, vec![(1, 1.0)]));
-        let mut entries = Vec::new();
+        let mut entries = BackupBatch::new(1);
         averager.backup(1, BackupScope::Complete, &mut entries);
         let mut restored = ModelAverager::new(config(Consistency::Bsp)).unwrap();
-        restored.restore(&entries).unwrap();
+        restored.restore(&entries.entries().unwrap()).unwrap();
         assert_eq!(restored.global(), averager.global());
         assert_eq!(restored.distance(&averager), 0.0);
         // The global model of the restored clock goes out again with the next model.

@@ -24,6 +24,7 @@
 //! under ASP were such). So a worker takes in only a g whose iteration for it
 //! (`GlobalModel::iterations`) is its own latest; an older one moves the clock.
 
+use crate::batch::BackupBatch;
 use crate::entry::BackupEntry;
 use crate::error::CoreError;
 use crate::operator::{
@@ -211,7 +212,7 @@ impl Operator for SgdWorker {
         self.model.set_theta(theta);
     }
 
-    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut Vec<BackupEntry>) {
+    fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut BackupBatch) {
         backup_all(&mut self.model.parts(), seq, scope, out);
     }
 
@@ -306,10 +307,10 @@ mod tests {
 
         // Restored at iteration 2, while the averager holds its iteration 3
         // (published before the crash, after the marker): taken in all the same.
-        let mut entries = Vec::new();
+        let mut entries = BackupBatch::new(1);
         worker.backup(1, BackupScope::Complete, &mut entries);
         let mut restored = SgdWorker::new(config(Consistency::Asp), 1).unwrap();
-        restored.restore(&entries).unwrap();
+        restored.restore(&entries.entries().unwrap()).unwrap();
         let newer = GlobalModel {
             iterations: vec![3, 3],
             ..global(3, vec![(3, 2.0)])
@@ -322,7 +323,7 @@ mod tests {
         // A recovered averager sends its global models again after the latest:
         // the recovered worker (at iteration 2) keeps what it took in.
         let mut recovered = SgdWorker::new(config(Consistency::Asp), 1).unwrap();
-        recovered.restore(&entries).unwrap();
+        recovered.restore(&entries.entries().unwrap()).unwrap();
         assert!(recovered.adopt(&newer) > 0.0);
         let taken = weights(&recovered);
         let resent = GlobalModel {
@@ -378,16 +379,16 @@ mod tests {
         train(&mut worker, &items);
         let mut twin = worker.clone();
         assert_eq!(worker.distance(&twin), 0.0);
-        let mut entries = Vec::new();
+        let mut entries = BackupBatch::new(1);
         worker.backup(1, BackupScope::Drifted, &mut entries);
         assert!(!entries.is_empty(), "trained weights past θ = 0 are backed up");
-        twin.backup(1, BackupScope::Drifted, &mut Vec::new());
+        twin.backup(1, BackupScope::Drifted, &mut BackupBatch::new(1));
         worker.acknowledge_backup(1);
         // A failure reported after the acknowledgement finds nothing left to owe.
         worker.fail_backup(1);
         twin.fail_backup(1);
         let owed = |w: &mut SgdWorker| {
-            let mut out = Vec::new();
+            let mut out = BackupBatch::new(2);
             w.backup(2, BackupScope::Owed, &mut out);
             out.len()
         };
@@ -496,10 +497,10 @@ mod tests {
         let (items, _) = separable_vectors(10, 40, 4, 4);
         let mut worker = SgdWorker::new(config(Consistency::Bsp), 0).unwrap();
         train(&mut worker, &items);
-        let mut entries = Vec::new();
+        let mut entries = BackupBatch::new(1);
         worker.backup(1, BackupScope::Complete, &mut entries);
         let mut restored = SgdWorker::new(config(Consistency::Bsp), 0).unwrap();
-        restored.restore(&entries).unwrap();
+        restored.restore(&entries.entries().unwrap()).unwrap();
         assert_eq!(restored.iteration(), 1);
         assert_eq!(restored.distance(&worker), 0.0);
         assert!(

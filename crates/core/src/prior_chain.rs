@@ -1,0 +1,298 @@
+//! What the driver knows of the priors of the keys it writes (see
+//! [`crate::logged`] for why each record carries them).
+//!
+//! In the common case every record's one certain prior is its structure's
+//! baseline, which the structure wrote into the record already. That stops
+//! being true in two ways, and [`PriorChain`] tracks both until a marker in
+//! the log settles them:
+//!
+//! * a write reported failed may have landed or not, and its marker too: each
+//!   key it wrote may hold its value or what it held before at the markers
+//!   that may end the log. The chain keeps those values, newest first, with
+//!   their backups' sequences, down to a certain one, and the key's next
+//!   record carries them all;
+//! * a backup taken but never sent (abandoned) moved the structure's baseline
+//!   without writing: the key's next record needs the prior from before the
+//!   oldest such backup.
+//!
+//! The chain also holds the records of every backup sent until a marker that
+//! covers it is acknowledged: a failure reads the keys' values and priors back
+//! from them.
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
+
+use super::batch::BackupBatch;
+use super::entry::EntryBytes;
+use super::logged::{LoggedValue, Prior, Priors, CERTAIN};
+
+/// Backup buffers kept for reuse: about as many as backups in flight.
+const SPARE_BATCHES: usize = 4;
+
+/// The priors of the keys whose latest writes may or may not be in the log
+/// (see the module docs): the driver hands it each backup it sends and tells
+/// it what became of each.
+#[derive(Clone, Debug, Default)]
+pub struct PriorChain {
+    /// Keys a failed write (or a backup whose marker failed) touched: their
+    /// possible values, newest first, down to a certain one.
+    uncertain: FxHashMap<EntryBytes, Priors>,
+    /// Keys an abandoned backup moved the structure's baseline of: the oldest
+    /// such backup and the prior from before it (certain unless `uncertain`
+    /// knows better).
+    abandoned: FxHashMap<EntryBytes, (u64, Option<EntryBytes>)>,
+    /// The backups sent whose marker is not acknowledged yet, oldest first: a
+    /// failure reads its keys' values and priors back.
+    sent: VecDeque<BackupBatch>,
+    /// Buffers of covered or abandoned backups, for reuse.
+    spare: Vec<BackupBatch>,
+}
+
+impl PriorChain {
+    pub fn new() -> Self {
+        PriorChain::default()
+    }
+
+    /// An empty batch for backup `seq`, on the buffers of one done with.
+    pub fn batch(&mut self, seq: u64) -> BackupBatch {
+        let mut batch = self.spare.pop().unwrap_or_default();
+        batch.reset(seq);
+        batch
+    }
+
+    /// The changelog records of a backup about to be sent. Each record
+    /// carries its structure's baseline as its one certain prior, which
+    /// stands unless a failure made the key's prior uncertain: such records
+    /// are written again with the chain. Kept until a marker covering them is
+    /// acknowledged.
+    pub fn log(&mut self, batch: BackupBatch) -> &BackupBatch {
+        let batch = if self.is_settled() { batch } else { self.rewrite(batch) };
+        self.sent.push_back(batch);
+        &self.sent[self.sent.len() - 1]
+    }
+
+    fn rewrite(&mut self, batch: BackupBatch) -> BackupBatch {
+        let mut out = self.batch(batch.seq());
+        for record in batch.iter() {
+            // Written by `BackupBatch::push`: it decodes.
+            let Ok(mut logged) = LoggedValue::decode(Some(record.value)) else {
+                continue;
+            };
+            let baseline = logged.priors.first().and_then(|prior| prior.value.clone());
+            logged.priors = self.priors_of(record.key, baseline);
+            out.push_logged(record.key, &logged);
+        }
+        self.recycle(batch);
+        out
+    }
+
+    fn priors_of(&mut self, key: &[u8], baseline: Option<EntryBytes>) -> Priors {
+        if let Some(priors) = self.uncertain.remove(key) {
+            self.abandoned.remove(key);
+            return priors;
+        }
+        let value = match self.abandoned.remove(key) {
+            Some((_, prior)) => prior,
+            None => baseline,
+        };
+        let mut priors = Priors::new();
+        priors.push(Prior { seq: CERTAIN, value });
+        priors
+    }
+
+    /// Backup `seq` failed, or its marker did: each key it wrote may hold its
+    /// value or what it held before. Failures are reported in the order the
+    /// writes went out, so a chain a key has already (from an earlier failed
+    /// write) is older history than this backup's certain prior.
+    pub fn failed(&mut self, seq: u64) {
+        let Some(index) = self.sent.iter().position(|batch| batch.seq() == seq) else {
+            return;
+        };
+        let Some(batch) = self.sent.remove(index) else {
+            return;
+        };
+        for record in batch.iter() {
+            let Ok(logged) = LoggedValue::decode(Some(record.value)) else {
+                continue;
+            };
+            let key = EntryBytes::from_slice(record.key);
+            let older = self.uncertain.remove(&key).unwrap_or(logged.priors);
+            let mut priors = Priors::with_capacity(older.len() + 1);
+            priors.push(Prior {
+                seq,
+                value: logged.value,
+            });
+            priors.extend(older);
+            self.uncertain.insert(key, priors);
+        }
+        self.recycle(batch);
+    }
+
+    /// A backup taken but never sent: the structure moved its baseline to it,
+    /// so the keys' next entries need the prior from before the oldest such
+    /// backup (abandoned backups come newest first).
+    pub fn abandoned(&mut self, batch: BackupBatch) {
+        let seq = batch.seq();
+        for record in batch.iter() {
+            let Ok(logged) = LoggedValue::decode(Some(record.value)) else {
+                continue;
+            };
+            let prior = (seq, logged.priors.into_iter().next().and_then(|prior| prior.value));
+            self.abandoned
+                .entry(EntryBytes::from_slice(record.key))
+                .and_modify(|known| {
+                    if seq < known.0 {
+                        *known = prior.clone();
+                    }
+                })
+                .or_insert(prior);
+        }
+        self.recycle(batch);
+    }
+
+    /// Keeps a few buffers for the next backups, not every one a burst of
+    /// failures or a large final backup left.
+    fn recycle(&mut self, batch: BackupBatch) {
+        if self.spare.len() < SPARE_BATCHES {
+            self.spare.push(batch);
+        }
+    }
+
+    /// A marker covering the backups up to `covers` is acknowledged: their
+    /// entries are in the log behind it, so nothing about them is uncertain.
+    pub fn covered(&mut self, covers: u64) {
+        while self.sent.front().is_some_and(|batch| batch.seq() <= covers) {
+            if let Some(batch) = self.sent.pop_front() {
+                self.recycle(batch);
+            }
+        }
+        if !self.uncertain.is_empty() {
+            self.uncertain
+                .retain(|_, priors| priors.first().is_some_and(|newest| newest.seq > covers));
+        }
+    }
+
+    /// Whether any key's prior differs from its structure's baseline.
+    pub fn is_settled(&self) -> bool {
+        self.uncertain.is_empty() && self.abandoned.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entry::encode_f64;
+
+    fn bytes(v: f64) -> EntryBytes {
+        encode_f64(v)
+    }
+    /// Backup `seq` of one entry, as its structure writes it.
+    fn backup(chain: &mut PriorChain, seq: u64, key: &[u8], value: f64, prior: Option<f64>) -> BackupBatch {
+        let mut batch = chain.batch(seq);
+        batch.push_f64(1, |out| out.extend_from_slice(key), value, prior);
+        batch
+    }
+
+    /// Sends backup `seq` of one entry and decodes its record as logged.
+    fn log(chain: &mut PriorChain, seq: u64, key: &[u8], value: f64, prior: Option<f64>) -> LoggedValue {
+        let batch = backup(chain, seq, key, value, prior);
+        let logged = chain.log(batch);
+        LoggedValue::decode(logged.iter().next().map(|record| record.value)).unwrap()
+    }
+
+    #[test]
+    fn a_sent_entry_carries_its_structures_baseline_until_a_failure() {
+        let mut chain = PriorChain::new();
+        let first = log(&mut chain, 1, b"k", 5.0, Some(2.0));
+        assert_eq!(
+            first.priors.as_slice(),
+            &[Prior {
+                seq: CERTAIN,
+                value: Some(bytes(2.0))
+            }]
+        );
+        chain.failed(1);
+        // The structure's baseline moved to 5 when backup 1 was taken.
+        let again = log(&mut chain, 3, b"k", 6.0, Some(5.0));
+        assert_eq!(
+            again.priors.as_slice(),
+            &[
+                Prior {
+                    seq: 1,
+                    value: Some(bytes(5.0))
+                },
+                Prior {
+                    seq: CERTAIN,
+                    value: Some(bytes(2.0))
+                }
+            ]
+        );
+        assert_eq!(again.at_marker(0).unwrap(), Some(&bytes(2.0)));
+        assert_eq!(again.at_marker(1).unwrap(), Some(&bytes(5.0)));
+        chain.covered(3);
+        assert!(chain.is_settled());
+        let later = log(&mut chain, 4, b"k", 7.0, Some(6.0));
+        assert_eq!(later.priors.len(), 1, "a covered write is certain again");
+    }
+
+    #[test]
+    fn an_acknowledged_marker_settles_what_it_covers_and_frees_its_records() {
+        let mut chain = PriorChain::new();
+        log(&mut chain, 1, b"k", 5.0, Some(2.0));
+        log(&mut chain, 3, b"j", 1.0, None);
+        // Backup 1's marker failed: its entries may stand uncovered.
+        chain.failed(1);
+        assert!(!chain.is_settled());
+        chain.covered(2);
+        assert!(chain.is_settled(), "a marker over backup 1 is in the log");
+        chain.failed(1);
+        assert!(chain.is_settled(), "backup 1's records were let go");
+        // Backup 3 is not covered yet: its failure still counts.
+        chain.failed(3);
+        assert!(!chain.is_settled());
+        let next = log(&mut chain, 5, b"j", 2.0, Some(1.0));
+        assert_eq!(next.at_marker(2).unwrap(), None, "j did not exist before backup 3");
+        chain.covered(5);
+        chain.failed(3);
+        assert!(chain.is_settled(), "covering 5 let backup 3 go too");
+        // A marker short of a failed backup settles nothing of it; one that
+        // covers it exactly does.
+        log(&mut chain, 7, b"m", 1.0, None);
+        chain.failed(7);
+        chain.covered(6);
+        assert!(!chain.is_settled(), "backup 7 may or may not be in the log");
+        chain.covered(7);
+        assert!(chain.is_settled(), "a marker over backup 7 is in the log");
+    }
+
+    #[test]
+    fn failures_in_a_row_keep_every_possible_value() {
+        let mut chain = PriorChain::new();
+        log(&mut chain, 1, b"k", 1.0, Some(0.0));
+        log(&mut chain, 2, b"k", 2.0, Some(1.0));
+        chain.failed(1);
+        chain.failed(2);
+        let next = log(&mut chain, 3, b"k", 3.0, Some(2.0));
+        let seqs: Vec<u64> = next.priors.iter().map(|p| p.seq).collect();
+        assert_eq!(seqs, vec![2, 1, CERTAIN]);
+        assert_eq!(next.at_marker(0).unwrap(), Some(&bytes(0.0)));
+        assert_eq!(next.at_marker(1).unwrap(), Some(&bytes(1.0)));
+        assert_eq!(next.at_marker(2).unwrap(), Some(&bytes(2.0)));
+    }
+
+    #[test]
+    fn an_abandoned_backup_leaves_the_prior_from_before_it() {
+        let mut chain = PriorChain::new();
+        let abandoned = backup(&mut chain, 3, b"k", 4.0, Some(2.0));
+        chain.abandoned(abandoned);
+        let abandoned = backup(&mut chain, 2, b"k", 2.0, Some(1.0));
+        chain.abandoned(abandoned);
+        let abandoned = backup(&mut chain, 4, b"k", 5.0, Some(4.0));
+        chain.abandoned(abandoned);
+        assert!(!chain.is_settled());
+        let next = log(&mut chain, 5, b"k", 4.5, Some(4.0));
+        assert_eq!(next.at_marker(0).unwrap(), Some(&bytes(1.0)));
+        assert!(chain.is_settled());
+    }
+}
