@@ -209,40 +209,34 @@ pub(crate) fn write_envelope<'a>(
 }
 
 /// Writes the envelope of the most common record, an `f64` value with one
-/// certain prior, laid out on the stack and appended at once: a backup of a
-/// large key space writes one per changed key.
+/// certain prior: a backup of a large key space writes one per changed key,
+/// so it is written piece by piece in pieces of a constant size (which
+/// compile to a few moves, where a copy of a computed length is a call to
+/// `memcpy`) after one reservation.
 #[inline]
 pub(crate) fn write_f64_envelope(out: &mut Vec<u8>, seq: u64, value: f64, prior: Option<f64>) {
     // Version, a varint of at most 10 bytes, the value's slot, the priors'
     // count and sequence, the prior's slot.
-    let mut record = [0u8; 1 + 10 + 10 + 2 + 10];
-    let mut at = 0;
-    let mut put = |bytes: &[u8]| {
-        record[at..at + bytes.len()].copy_from_slice(bytes);
-        at += bytes.len();
-    };
-    let mut seq_bytes = [0u8; 10];
-    let mut seq_len = 0;
+    out.reserve(1 + 10 + 10 + 2 + 10);
+    out.push(ENVELOPE_VERSION);
     let mut rest = seq;
     while rest >= 0x80 {
-        seq_bytes[seq_len] = (rest as u8) | 0x80;
+        out.push((rest as u8) | 0x80);
         rest >>= 7;
-        seq_len += 1;
     }
-    seq_bytes[seq_len] = rest as u8;
-    put(&[ENVELOPE_VERSION]);
-    put(&seq_bytes[..=seq_len]);
-    put(&[F64_SLOT_LEN, ENCODING_VERSION]);
-    put(&value.to_le_bytes());
-    put(&[1, CERTAIN as u8]);
+    out.push(rest as u8);
+    put_f64_slot(out, value);
+    out.extend_from_slice(&[1, CERTAIN as u8]);
     match prior {
-        Some(prior) => {
-            put(&[F64_SLOT_LEN, ENCODING_VERSION]);
-            put(&prior.to_le_bytes());
-        }
-        None => put(&[0]),
+        Some(prior) => put_f64_slot(out, prior),
+        None => out.push(0),
     }
-    out.extend_from_slice(&record[..at]);
+}
+
+#[inline]
+fn put_f64_slot(out: &mut Vec<u8>, value: f64) {
+    out.extend_from_slice(&[F64_SLOT_LEN, ENCODING_VERSION]);
+    out.extend_from_slice(&value.to_le_bytes());
 }
 
 /// The slot length of a versioned `f64`: its 9 bytes + 1.

@@ -82,6 +82,8 @@ pub struct DriftSlots {
     free: Vec<u32>,
     /// Store-backed, max difference: more keys are in memory than the budget allows.
     pressure: bool,
+    /// The slots a backup writes, kept to reuse its buffer.
+    scratch: Vec<u32>,
 }
 
 /// A slot as the local store keeps it: the live value, and while it differs from
@@ -120,6 +122,7 @@ impl DriftSlots {
             changed: Vec::new(),
             free: Vec::new(),
             pressure: false,
+            scratch: Vec::new(),
         }
     }
 
@@ -200,7 +203,12 @@ impl DriftSlots {
             Norm::Max => {
                 let drift = (value - backed).abs();
                 self.running_max = self.running_max.max(drift);
-                if drift > self.write_threshold() || self.has(index, OVER) {
+                let flagged = self.has(index, OVER);
+                if flagged && drift >= self.over_max {
+                    // A listed slot growing past the maximum (a hot counter):
+                    // every listed drift is over the threshold, so this one is.
+                    self.over_max = drift;
+                } else if flagged || drift > self.write_threshold() {
                     self.update_over(index, (old - backed).abs(), drift);
                 }
             }
@@ -345,32 +353,34 @@ impl DriftSlots {
             (true, _, BackupScope::Owed) | (false, Norm::Max, BackupScope::Owed) => BackupScope::Drifted,
             _ => scope,
         };
-        let mut values = Vec::new();
+        // The slots to write first, then their values: a slot's flags say
+        // whether it is listed already, so none is rebased before all are.
+        let mut indices = std::mem::take(&mut self.scratch);
+        indices.clear();
         match (self.norm, scope) {
             (_, BackupScope::Owed) => {
                 // The divergence is within θ: only what a failed write may have
                 // left in the store must go; the drifted slots stay dirty.
                 for index in self.owed.drain(..) {
-                    let flags = &mut self.flags[index as usize];
-                    *flags &= !(OWED | DIRTY);
-                    values.push((index, self.slots[index as usize].live));
+                    self.flags[index as usize] &= !(OWED | DIRTY);
+                    indices.push(index);
                 }
             }
             (Norm::Max, BackupScope::Drifted) => {
-                values.extend(self.over.iter().map(|&i| (i, self.slots[i as usize].live)));
-                self.take_owed(&mut values, false);
+                indices.extend_from_slice(&self.over);
+                self.take_owed(&mut indices, false);
             }
             (Norm::Max, BackupScope::Complete) => {
                 // Max-difference slots keep no dirty list (it would cost a second
                 // memory access per update); complete backups are rare, so scan.
-                values.extend(
+                indices.extend(
                     self.slots
                         .iter()
                         .enumerate()
                         .filter(|(_, slot)| slot.live != slot.backed)
-                        .map(|(i, slot)| (i as u32, slot.live)),
+                        .map(|(i, _)| i as u32),
                 );
-                self.take_owed(&mut values, true);
+                self.take_owed(&mut indices, true);
                 // Every slot that differs is written: none drifts once rebased.
                 self.running_max = 0.0;
             }
@@ -381,7 +391,7 @@ impl DriftSlots {
                     let flags = &mut self.flags[index as usize];
                     *flags &= !OWED;
                     if *flags & DIRTY == 0 {
-                        values.push((index, self.slots[index as usize].live));
+                        indices.push(index);
                     }
                 }
                 for &index in &self.dirty {
@@ -389,7 +399,7 @@ impl DriftSlots {
                     // A restore may have cleaned a slot that is still listed.
                     if *flags & DIRTY != 0 {
                         *flags &= !DIRTY;
-                        values.push((index, self.slots[index as usize].live));
+                        indices.push(index);
                     }
                 }
                 self.dirty.clear();
@@ -397,14 +407,14 @@ impl DriftSlots {
         }
         // The baseline moves now: the next backup is measured from this one (see
         // the module docs for why that holds while it is in flight).
-        let values: Vec<Written> = values
-            .into_iter()
-            .map(|(index, value)| {
-                let prior = self.has(index, PRESENT).then(|| self.slots[index as usize].backed);
-                self.rebase(index);
-                Written { index, value, prior }
-            })
-            .collect();
+        let mut values = Vec::with_capacity(indices.len());
+        for &index in &indices {
+            let prior = self.has(index, PRESENT).then(|| self.slots[index as usize].backed);
+            let value = self.slots[index as usize].live;
+            self.rebase(index);
+            values.push(Written { index, value, prior });
+        }
+        self.scratch = indices;
         if self.norm == Norm::Max {
             let flags = &self.flags;
             self.over.retain(|&i| flags[i as usize] & OVER != 0);
@@ -414,10 +424,11 @@ impl DriftSlots {
         self.pending.back().map(|p| p.values.as_slice()).unwrap_or_default()
     }
 
-    /// Adds the owed slots that `values` does not hold yet, and clears the debt.
-    /// `complete` says which slots `values` holds already: those that differ from
-    /// the baseline (a complete backup) or those over θ (a drifted one).
-    fn take_owed(&mut self, values: &mut Vec<(u32, f64)>, complete: bool) {
+    /// Adds the owed slots that `indices` does not hold yet, and clears the
+    /// debt. `complete` says which slots `indices` holds already: those that
+    /// differ from the baseline (a complete backup) or those over θ (a
+    /// drifted one).
+    fn take_owed(&mut self, indices: &mut Vec<u32>, complete: bool) {
         for index in self.owed.drain(..) {
             let flags = &mut self.flags[index as usize];
             *flags &= !OWED;
@@ -428,7 +439,7 @@ impl DriftSlots {
                 *flags & OVER != 0
             };
             if !included {
-                values.push((index, slot.live));
+                indices.push(index);
             }
         }
     }
