@@ -430,7 +430,7 @@ max_unacked = 5000
     );
     // At Θ = 1 (a Euclidean distance of the weights; 0.25 per task at first)
     // a recovered model is close to the lost one. At Θ = 10 it is not: two
-    // failures cost 15 points (measured; see the README).
+    // failures cost 15 points (measured; see docs/experiments.md).
     assert!(
         (clean - failed).abs() < 0.03 && (clean_last - failed_last).abs() < 0.05,
         "three failures keep the accuracy within 3 points: {clean} against {failed}, \

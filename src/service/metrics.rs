@@ -35,7 +35,7 @@ pub enum MetricKind {
     Gauge,
 }
 
-/// Every metric afstream serves, with its help text (the README lists the same,
+/// Every metric afstream serves, with its help text (docs/running.md lists the same,
 /// and the Grafana dashboard uses only these: a test checks both).
 pub const METRICS: &[(&str, MetricKind, &str)] = &[
     (
@@ -378,14 +378,14 @@ mod tests {
     }
 
     #[test]
-    fn every_metric_registered_is_described_and_every_described_one_is_in_the_readme() {
+    fn every_metric_registered_is_described_and_every_described_one_is_in_the_docs() {
         let source = include_str!("metrics.rs");
         let code = &source[..source.find("#[cfg(test)]").unwrap_or(source.len())];
         let used = names_in(code);
         assert_eq!(used, listed(), "metrics registered here against those in METRICS");
-        let readme = names_in(&repo_file("README.md"));
-        let missing: Vec<_> = listed().difference(&readme).cloned().collect();
-        assert!(missing.is_empty(), "the README does not list {missing:?}");
+        let documented = names_in(&repo_file("docs/running.md"));
+        let missing: Vec<_> = listed().difference(&documented).cloned().collect();
+        assert!(missing.is_empty(), "docs/running.md does not list {missing:?}");
         for (name, kind, _) in METRICS {
             assert_eq!(
                 name.ends_with("_total"),
