@@ -950,6 +950,67 @@ fn a_broker_outage_mid_run_stalls_the_pipeline_and_the_answer_stays_within_the_b
     }
 }
 
+/// A stop asked for while the broker is down and the producers' queues are
+/// full ends: an output waits on a full queue at most its patience and the
+/// changelog's records wait in the task (in order) instead of in a send that
+/// spins for as long as the outage lasts, so SIGTERM is answered within the
+/// stop deadline. A restart once the broker is back recovers within the bound.
+#[test]
+fn a_stop_while_the_broker_is_down_with_full_producer_queues_ends_and_a_restart_recovers() {
+    let dir = test_dir("wc-full-queue");
+    let broker = Broker::start(&dir);
+    if !broker.is_own() {
+        eprintln!("skipped: an outage needs the project's own broker, which the test can stop");
+        return;
+    }
+    let thresholds = (400.0, 400, 1000);
+    let p = pipeline(
+        &dir,
+        &broker,
+        "wc-full-queue",
+        "text",
+        &word_count_operator(),
+        thresholds,
+    );
+    // Queues of eight records: a backup of more keys than that fills the
+    // changelog producer's queue at once.
+    let config = std::fs::read_to_string(&p.config).expect("read the config");
+    let config = config.replace(
+        r#"properties = { "consumer.fetch.wait.max.ms" = "10" }"#,
+        r#"properties = { "consumer.fetch.wait.max.ms" = "10", "producer.queue.buffering.max.messages" = "8" }"#,
+    );
+    assert!(config.contains("queue.buffering.max.messages"), "{config}");
+    std::fs::write(&p.config, config).expect("write the config");
+    let lines = text_records(20_000, 8);
+    produce(&broker.kafka(), &p.input, 1, &lines).expect("produce the lines");
+    let exact = exact_word_counts(&lines);
+
+    let mut service = Service::start(&p.config, &dir.join("run.log"), false);
+    service.wait_until(RUN_DEADLINE, "outputs before the outage", || {
+        broker.record_count(&p.output) > 2_000
+    });
+    broker.go_down();
+    std::thread::sleep(Duration::from_secs(2));
+    // The stop deadline (30 s) and an output's patience on a full queue (10 s)
+    // with room to spare; a send spinning on the full queue never returns.
+    let log = service.log.clone();
+    let status = service.terminate(Duration::from_secs(90));
+    eprintln!("stopped while the broker was down: {status}");
+    broker.come_back();
+
+    let restarted = run_to_end(&p, "restart.log");
+    let recoveries = logged_recoveries(&log_lines(&restarted.log, "recovered from a failure").join("\n"));
+    let counts = output_counts(&broker, &p.output);
+    let error = l1_error(&counts, &exact);
+    let bound = word_count_bound(thresholds, recoveries.len() as u32);
+    assert!(
+        error <= bound,
+        "L1 error {error} over the bound {bound} of {} recoveries; first run:\n{}",
+        recoveries.len(),
+        common::tail(&log)
+    );
+}
+
 /// Keyed lines of five words whose words belong to their key: every word
 /// stays in one partition, so the partitions' counts together are the global ones.
 fn keyed_word_lines(lines: usize, seed: u64) -> Vec<InputRecord> {

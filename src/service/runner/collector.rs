@@ -1,0 +1,455 @@
+//! The record collector: the Kafka side of a task's driver (`TaskIo`), the
+//! only code that sends outputs, backups and markers, and the bookkeeping of
+//! what is in flight until the producers report it.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::marker::PhantomData;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::core::{Ack, BackupBatch, BackupEntry, BackupMarker, Rejected, TaskIo};
+use crate::service::codec::ServiceOperator;
+use crate::service::kafka::{Delivery, DeliveryEvent, DeliveryReports, FailedRecord};
+
+use super::input::RawRecords;
+use super::task::Task;
+use super::{
+    Shared, DEAD_LETTER_OFFSET_HEADER, DEAD_LETTER_PARTITION_HEADER, DEAD_LETTER_REASON_HEADER,
+    DEAD_LETTER_TOPIC_HEADER,
+};
+
+/// Deliveries still owed for a backup in flight.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct OpenBackup {
+    pub(super) seq: u64,
+    pub(super) remaining: usize,
+    pub(super) failed: bool,
+}
+
+/// What a task's I/O left for the loop: acknowledgements known at once, the
+/// backups in flight, and an error the task cannot go on with.
+#[derive(Default)]
+pub(super) struct Flight {
+    /// Backups in flight, in the order they were written: each is reported
+    /// once all its records are, and in this order (an acknowledgement covers
+    /// every backup before it, see `Operator::acknowledge_backup`).
+    pub(super) backups: VecDeque<OpenBackup>,
+    pub(super) acks: Vec<Ack>,
+    pub(super) fatal: Option<String>,
+    /// Changelog records (backup entries, markers) waiting for the task's next
+    /// store write: a restart must know every key a backup in the changelog
+    /// wrote, so nothing reaches the changelog before the state it covers is in
+    /// the store.
+    pub(super) changelog: Vec<(BackupEntry, Delivery)>,
+    /// Something changed that the next store write must hold.
+    pub(super) unwritten: bool,
+    /// Outputs and dead letters whose delivery failed, to send again once the
+    /// backoff has passed.
+    pub(super) resend: Vec<(Delivery, FailedRecord)>,
+    /// Dead letters sent and not yet acknowledged. While any is, the task's
+    /// local store is not written: a restart on the store resumes at its
+    /// offset, and must not pass a dead letter the broker may not have (an
+    /// output may be lost there, within γ; a dead letter never).
+    pub(super) dead_letters_in_flight: usize,
+    pub(super) retry: RetryBackoff,
+    pub(super) markers: MarkerRoundTrips,
+}
+
+/// How long markers take from the producer to their acknowledgement: a
+/// recovery replays the items of the markers in flight at the crash besides
+/// the l/2 past the last one issued, so this round trip sizes a replay.
+#[derive(Clone, Debug, Default)]
+pub struct MarkerRoundTrips {
+    /// Markers sent and not yet acknowledged, with when they were sent.
+    pub(super) in_flight: VecDeque<(u64, Instant)>,
+    pub acknowledged: u64,
+    pub total: Duration,
+}
+
+impl MarkerRoundTrips {
+    pub(super) fn sent(&mut self, seq: u64) {
+        self.in_flight.push_back((seq, Instant::now()));
+    }
+
+    /// Marker `seq` was acknowledged (or failed: `acknowledged` false).
+    pub(super) fn done(&mut self, seq: u64, acknowledged: bool) {
+        let Some(index) = self.in_flight.iter().position(|&(s, _)| s == seq) else {
+            return;
+        };
+        let Some((_, sent)) = self.in_flight.remove(index) else {
+            return;
+        };
+        if acknowledged {
+            self.acknowledged += 1;
+            self.total += sent.elapsed();
+        }
+    }
+
+    /// The mean round trip, if any marker was acknowledged.
+    pub fn mean(&self) -> Option<Duration> {
+        (self.acknowledged > 0).then(|| self.total.div_f64(self.acknowledged as f64))
+    }
+}
+
+/// After a failed delivery, nothing of the task goes out for a while, doubling
+/// from `RETRY_BACKOFF_MIN_MS` to `RETRY_BACKOFF_MAX_MS` while failures go on:
+/// a broker that answers with errors is not flooded with retries (the
+/// controller re-issues a failed backup or marker at once).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct RetryBackoff {
+    pub(super) failures: u32,
+    pub(super) until_ms: u64,
+}
+
+pub(super) const RETRY_BACKOFF_MIN_MS: u64 = 100;
+pub(super) const RETRY_BACKOFF_MAX_MS: u64 = 5_000;
+
+impl RetryBackoff {
+    pub(super) fn failed(&mut self, now_ms: u64) {
+        let delay = RETRY_BACKOFF_MIN_MS
+            .saturating_mul(1 << self.failures.min(16))
+            .min(RETRY_BACKOFF_MAX_MS);
+        self.until_ms = self.until_ms.max(now_ms + delay);
+        self.failures = self.failures.saturating_add(1);
+    }
+
+    pub(super) fn succeeded(&mut self) {
+        self.failures = 0;
+    }
+
+    pub(super) fn holds(&self, now_ms: u64) -> bool {
+        now_ms < self.until_ms
+    }
+}
+
+impl Flight {
+    pub(super) fn backup_record_done(&mut self, seq: u64, failed: bool) {
+        let Some(open) = self.backups.iter_mut().find(|b| b.seq == seq) else {
+            return;
+        };
+        open.remaining = open.remaining.saturating_sub(1);
+        open.failed |= failed;
+        self.report_backups();
+    }
+
+    /// Reports the backups whose records are all delivered, oldest first, up to
+    /// the first that still waits for one.
+    pub(super) fn report_backups(&mut self) {
+        while let Some(open) = self.backups.front().filter(|b| b.remaining == 0).copied() {
+            self.backups.pop_front();
+            self.acks.push(if open.failed {
+                Ack::BackupFailed(open.seq)
+            } else {
+                Ack::BackupWritten(open.seq)
+            });
+        }
+    }
+}
+
+/// How long an output or a dead letter waits on a full producer queue. The
+/// queue drains as the broker acknowledges, and a task has at most γ outputs
+/// unacknowledged, so a queue full this long means the broker is not taking
+/// records: the send fails (and the task with it) instead of holding the loop,
+/// and with it a stop, for as long as the outage lasts.
+pub(super) const SEND_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Sends an output or a dead letter, waiting on the producer's queue while it
+/// is full, up to [`SEND_PATIENCE`].
+pub(super) fn send(
+    producer: &BaseProducer<DeliveryReports>,
+    mut record: BaseRecord<'_, [u8], [u8], usize>,
+) -> Result<(), KafkaError> {
+    let started = Instant::now();
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                if started.elapsed() < SEND_PATIENCE =>
+            {
+                producer.poll(Duration::from_millis(5));
+                record = back;
+            }
+            Err((error, _)) => return Err(error),
+        }
+    }
+}
+
+/// A failed send, said for a log: a full queue is an outage.
+pub(super) fn send_failure(error: &KafkaError) -> String {
+    if is_queue_full(error) {
+        format!("the producer's queue stayed full for {SEND_PATIENCE:?}: the broker is not taking records ({error})")
+    } else {
+        error.to_string()
+    }
+}
+
+/// Whether a send failed only because the producer's queue is full.
+pub(super) fn is_queue_full(error: &KafkaError) -> bool {
+    matches!(error, KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull))
+}
+
+/// The Kafka side of one task, handed to its driver for one call.
+pub(super) struct KafkaIo<'a, O> {
+    pub(super) shared: &'a Shared<'a>,
+    pub(super) partition: i32,
+    pub(super) flight: &'a mut Flight,
+    pub(super) key: &'a mut Vec<u8>,
+    pub(super) value: &'a mut Vec<u8>,
+    /// The records being processed, as they came (for dead letters).
+    pub(super) records: RawRecords<'a>,
+    pub(super) operator: PhantomData<O>,
+}
+
+/// Sends one record to a task's changelog partition (a tombstone when the
+/// entry has no value), without waiting: a full queue is the caller's to
+/// handle ([`is_queue_full`]).
+pub(super) fn send_to_changelog(
+    shared: &Shared<'_>,
+    partition: i32,
+    entry: &BackupEntry,
+    delivery: Delivery,
+) -> Result<(), KafkaError> {
+    let mut record = BaseRecord::with_opaque_to(&shared.topics.changelog, delivery.pack())
+        .partition(partition)
+        .key(&entry.key[..]);
+    if let Some(value) = &entry.value {
+        record = record.payload(&value[..]);
+    }
+    shared.changelog_producer.send(record).map_err(|(error, _)| error)
+}
+
+impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
+    fn send_output(&mut self, item_offset: u64, output: O::Output) {
+        if self.flight.fatal.is_some() {
+            // The task ends with that error; each further send would wait its
+            // patience on the same full queue.
+            return;
+        }
+        let keyed = match self.shared.codec.encode::<O>(&output, self.key, self.value) {
+            Ok(keyed) => keyed,
+            Err(error) => {
+                self.flight.fatal.get_or_insert(format!(
+                    "encoding an output (input partition {}, offset {item_offset}): {error}",
+                    self.partition
+                ));
+                return;
+            }
+        };
+        let delivery = Delivery::Output {
+            partition: self.partition,
+            offset: item_offset,
+        };
+        let mut record =
+            BaseRecord::with_opaque_to(&self.shared.topics.output, delivery.pack()).payload(self.value.as_slice());
+        if keyed {
+            record = record.key(self.key.as_slice());
+        }
+        if let Err(error) = send(self.shared.producer, record) {
+            self.flight.fatal.get_or_insert(format!(
+                "producing an output to {} (input partition {}, offset {item_offset}): {}",
+                self.shared.topics.output,
+                self.partition,
+                send_failure(&error)
+            ));
+        }
+    }
+
+    fn write_backup(&mut self, seq: u64, records: &BackupBatch) {
+        self.flight.backups.push_back(OpenBackup {
+            seq,
+            remaining: records.len(),
+            failed: false,
+        });
+        if records.is_empty() {
+            // Nothing to deliver: written once the backups before it are.
+            self.flight.report_backups();
+            return;
+        }
+        let delivery = Delivery::BackupRecord {
+            partition: self.partition,
+            seq,
+        };
+        self.flight
+            .changelog
+            .extend(records.iter().map(|record| (record.to_entry(), delivery)));
+    }
+
+    fn write_marker(&mut self, marker: &BackupMarker) {
+        let delivery = Delivery::Marker {
+            partition: self.partition,
+            seq: marker.seq,
+        };
+        self.flight.changelog.push((marker.to_entry(), delivery));
+    }
+
+    fn commit(&mut self, offset: u64) {
+        let mut tpl = TopicPartitionList::new();
+        let stored = tpl
+            .add_partition_offset(&self.shared.topics.input, self.partition, Offset::Offset(offset as i64))
+            .and_then(|()| self.shared.consumer.store_offsets(&tpl));
+        if let Err(error) = stored {
+            tracing::warn!(partition = self.partition, offset, %error, "storing the group's offset");
+        }
+    }
+
+    fn rejected(&mut self, offset: u64, reason: &Rejected) -> u64 {
+        if self.flight.fatal.is_some() {
+            // The task ends with that error (see `send_output`).
+            return 0;
+        }
+        let topics = self.shared.topics;
+        tracing::warn!(
+            partition = self.partition, offset, %reason,
+            "input record refused; it goes to the dead-letter topic {}", topics.dead_letters
+        );
+        let (key, value) = self.records.get(offset).unwrap_or_else(|| {
+            tracing::error!(
+                partition = self.partition,
+                offset,
+                "the refused record is not in its batch; its dead letter is empty"
+            );
+            (None, None)
+        });
+        let partition = self.partition.to_string();
+        let offset_text = offset.to_string();
+        let reason_text = reason.to_string();
+        let headers = OwnedHeaders::new_with_capacity(4)
+            .insert(Header {
+                key: DEAD_LETTER_TOPIC_HEADER,
+                value: Some(topics.input.as_str()),
+            })
+            .insert(Header {
+                key: DEAD_LETTER_PARTITION_HEADER,
+                value: Some(partition.as_str()),
+            })
+            .insert(Header {
+                key: DEAD_LETTER_OFFSET_HEADER,
+                value: Some(offset_text.as_str()),
+            })
+            .insert(Header {
+                key: DEAD_LETTER_REASON_HEADER,
+                value: Some(reason_text.as_str()),
+            });
+        let delivery = Delivery::DeadLetter {
+            partition: self.partition,
+            offset,
+        };
+        let mut record = BaseRecord::with_opaque_to(&topics.dead_letters, delivery.pack()).headers(headers);
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        if let Some(value) = value {
+            record = record.payload(value);
+        }
+        if let Err(error) = send(self.shared.producer, record) {
+            self.flight.fatal.get_or_insert(format!(
+                "producing a dead letter to {} (input partition {}, offset {offset}): {}",
+                topics.dead_letters,
+                self.partition,
+                send_failure(&error)
+            ));
+        }
+        self.flight.dead_letters_in_flight += 1;
+        1
+    }
+}
+
+/// Hands the producers' delivery reports to their tasks; returns whether there were any.
+pub(super) fn deliver_reports<O: ServiceOperator>(
+    shared: &Shared<'_>,
+    tasks: &mut BTreeMap<i32, Task<O>>,
+    events: &mut Vec<DeliveryEvent>,
+    now_ms: u64,
+) -> bool {
+    for producer in [shared.producer, shared.changelog_producer] {
+        producer.poll(Duration::ZERO);
+        producer.context().drain_into(events);
+    }
+    let any = !events.is_empty();
+    for event in events.drain(..) {
+        if let Some(task) = tasks.get_mut(&event.delivery.partition()) {
+            task.delivered(shared, event, now_ms);
+        }
+    }
+    any
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::kafka::is_permanent;
+    use rdkafka::error::RDKafkaErrorCode;
+
+    #[test]
+    fn backups_in_flight_are_reported_in_the_order_written() {
+        let mut flight = Flight::default();
+        for (seq, remaining) in [(1, 2), (3, 0), (5, 1)] {
+            flight.backups.push_back(OpenBackup {
+                seq,
+                remaining,
+                failed: false,
+            });
+        }
+        flight.report_backups();
+        assert!(
+            flight.acks.is_empty(),
+            "an empty backup waits for the one before it: an acknowledgement covers every backup before it"
+        );
+        flight.backup_record_done(5, true);
+        assert!(flight.acks.is_empty(), "{:?}", flight.acks);
+        flight.backup_record_done(1, false);
+        flight.backup_record_done(1, false);
+        assert_eq!(
+            flight.acks,
+            [Ack::BackupWritten(1), Ack::BackupWritten(3), Ack::BackupFailed(5)]
+        );
+        assert!(flight.backups.is_empty());
+    }
+
+    #[test]
+    fn a_failing_broker_is_retried_with_a_doubling_backoff_that_resets_on_success() {
+        let mut backoff = RetryBackoff::default();
+        assert!(!backoff.holds(0));
+        let mut now = 1_000;
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            backoff.failed(now);
+            assert!(backoff.holds(now));
+            waits.push(backoff.until_ms - now);
+            now = backoff.until_ms;
+            assert!(!backoff.holds(now));
+        }
+        assert_eq!(waits, [100, 200, 400, 800, 1_600, 3_200, 5_000, 5_000]);
+        backoff.succeeded();
+        backoff.failed(now);
+        assert_eq!(backoff.until_ms - now, 100, "a success starts the backoff over");
+        // Failures reported together do not shorten a wait already running.
+        let until = backoff.until_ms;
+        backoff.failed(now - 50);
+        assert!(backoff.until_ms >= until);
+    }
+
+    #[test]
+    fn only_refusals_for_good_stop_the_service() {
+        for code in [
+            RDKafkaErrorCode::MessageSizeTooLarge,
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+            RDKafkaErrorCode::UnknownTopic,
+        ] {
+            assert!(is_permanent(code), "{code:?}");
+        }
+        for code in [
+            RDKafkaErrorCode::MessageTimedOut,
+            RDKafkaErrorCode::AllBrokersDown,
+            RDKafkaErrorCode::NotLeaderForPartition,
+            RDKafkaErrorCode::Unknown,
+        ] {
+            assert!(!is_permanent(code), "{code:?}");
+        }
+    }
+}

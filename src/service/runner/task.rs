@@ -1,0 +1,627 @@
+//! One task: an operator on one input partition, its driver, its input
+//! batch and what it has in flight; started from a restore or a local store,
+//! stepped by the loop, stopped cleanly.
+
+use std::marker::PhantomData;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::base_consumer::PartitionQueue;
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, Producer};
+
+use crate::core::{Ack, BackupEntry, Blocked, ControllerConfig, DriverStats, MarkedState, TaskDriver};
+use crate::service::codec::{Codec, ServiceOperator};
+use crate::service::kafka::{is_permanent, ChangelogLoader, Delivery, DeliveryEvent};
+use crate::service::metrics::{TaskMetrics, TaskPosition};
+use crate::service::store::{StoreMeta, TaskStore};
+use crate::service::ServiceError;
+
+use super::collector::{is_queue_full, send, send_failure, send_to_changelog, Flight, KafkaIo};
+use super::faults::injected_restore_failure;
+#[cfg(feature = "fault-injection")]
+use super::faults::{FAULT_SKIP_BACKUPS, FAULT_SLOW_TASK_START_MS};
+use super::group::GroupContext;
+use super::input::{InputBatch, RawRecords};
+use super::restore::Restored;
+use super::{Assigned, Shared, POLL_BATCH, RESTORE_ATTEMPTS, RESTORE_CHUNK, RESTORE_RETRY_WAIT};
+
+/// One operator on one input partition.
+pub(super) struct Task<O: ServiceOperator> {
+    pub(super) partition: i32,
+    pub(super) driver: TaskDriver<O>,
+    pub(super) queue: PartitionQueue<GroupContext>,
+    pub(super) batch: InputBatch<O>,
+    pub(super) end: u64,
+    pub(super) flight: Flight,
+    pub(super) key: Vec<u8>,
+    pub(super) value: Vec<u8>,
+    pub(super) metrics: TaskMetrics,
+    /// The driver's figures when the clean stop began.
+    pub(super) before_stop: Option<DriverStats>,
+    /// The local store and the meta record each write carries.
+    pub(super) store: Option<(TaskStore, StoreMeta)>,
+}
+
+impl<O: ServiceOperator> Task<O> {
+    pub(super) fn io<'a>(
+        shared: &'a Shared<'a>,
+        partition: i32,
+        flight: &'a mut Flight,
+        key: &'a mut Vec<u8>,
+        value: &'a mut Vec<u8>,
+        records: RawRecords<'a>,
+    ) -> KafkaIo<'a, O> {
+        KafkaIo {
+            shared,
+            partition,
+            flight,
+            key,
+            value,
+            records,
+            operator: PhantomData,
+        }
+    }
+
+    /// Builds the task's operator and restores its state: from its local
+    /// store, or by streaming its changelog partition through `loader`. Needs
+    /// nothing of the running loop, so tasks assigned together restore side by
+    /// side ([`restore_all`]).
+    pub(super) fn restore(
+        loader: &ChangelogLoader,
+        operator_config: &O::Config,
+        assigned: Assigned,
+        resident_keys: usize,
+    ) -> Result<Restored<O>, ServiceError> {
+        let partition = assigned.partition;
+        #[cfg(feature = "fault-injection")]
+        if let Some(ms) = std::env::var(FAULT_SLOW_TASK_START_MS)
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            // Test builds only: a slow restore, while the consumer fetches the
+            // partitions assigned with this one.
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+        let restore_error = |source| ServiceError::Restore { partition, source };
+        // A fresh state, on the task's local store if it has one.
+        let new_operator = || {
+            O::for_partition(
+                operator_config,
+                partition as u32,
+                assigned
+                    .store
+                    .as_ref()
+                    .map(|(store, _)| (store.key_store(), resident_keys)),
+            )
+        };
+        let mut operator = new_operator()?;
+        let mut plan = assigned.plan;
+        let mut restored_records = 0;
+        let mut changelog_end = None;
+        let mut restore_seconds = assigned.restore_seconds;
+        let mut rolled_back = Vec::new();
+        if assigned.local {
+            let drifted = operator.load_local_state().map_err(restore_error)?;
+            tracing::info!(
+                partition,
+                drifted,
+                "local store reopened; its drifted keys are owed to the next backup"
+            );
+        } else {
+            let started = Instant::now();
+            let mut attempt = 1;
+            let streamed = loop {
+                // The state logged at the marker the plan resumes from.
+                let mut marked = MarkedState::for_plan(&plan);
+                let mut resolved = Vec::with_capacity(RESTORE_CHUNK);
+                let mut apply = |records: &[BackupEntry]| -> Result<(), String> {
+                    resolved.clear();
+                    marked.resolve(records, &mut resolved).map_err(|e| e.to_string())?;
+                    operator.restore(&resolved).map_err(|e| e.to_string())?;
+                    if let Some((store, meta)) = &assigned.store {
+                        // Written as it is read, so memory holds one chunk; the
+                        // offset is the one the task resumes at.
+                        operator.stage_state();
+                        let meta = StoreMeta {
+                            next_offset: plan.resume_offset,
+                            ..meta.clone()
+                        };
+                        store.write(&meta).map_err(|e| e.to_string())?;
+                        operator.state_durable();
+                    }
+                    Ok(())
+                };
+                // Set when the state refused what was read: reading again
+                // would not help.
+                let mut refused = false;
+                let streamed = match injected_restore_failure() {
+                    Some(error) => Err(error),
+                    None => loader.stream(partition, None, RESTORE_CHUNK, |entries| {
+                        apply(entries).inspect_err(|_| refused = true)
+                    }),
+                };
+                match streamed {
+                    Ok(streamed) => {
+                        let restart = marked.finish();
+                        plan = plan.continuing(&restart);
+                        rolled_back = restart.rolled_back;
+                        break streamed;
+                    }
+                    Err(error) if !refused && attempt < RESTORE_ATTEMPTS => {
+                        // A broker that times out or goes away for a moment: read
+                        // the changelog again from its start into a fresh state
+                        // (later records for a key win, so what a partial read
+                        // applied, or wrote to the store, is rewritten).
+                        let wait = RESTORE_RETRY_WAIT.saturating_mul(1 << (attempt - 1));
+                        tracing::warn!(
+                            partition,
+                            attempt,
+                            of = RESTORE_ATTEMPTS,
+                            %error,
+                            retry_in_ms = wait.as_millis() as u64,
+                            "restoring from the changelog failed; reading it again"
+                        );
+                        std::thread::sleep(wait);
+                        attempt += 1;
+                        operator = new_operator()?;
+                    }
+                    Err(error) => {
+                        return Err(ServiceError::Task {
+                            partition,
+                            message: format!("restoring from the changelog (attempt {attempt}): {error}"),
+                        })
+                    }
+                }
+            };
+            restored_records = streamed.records;
+            changelog_end = Some(streamed.end_offset);
+            restore_seconds += started.elapsed().as_secs_f64();
+        }
+        Ok(Restored {
+            operator,
+            assigned: Assigned { plan, ..assigned },
+            restored_records,
+            changelog_end,
+            restore_seconds,
+            rolled_back,
+        })
+    }
+
+    /// Starts the task's driver on its restored state.
+    pub(super) fn start(
+        shared: &Shared<'_>,
+        controller: ControllerConfig,
+        restored: Restored<O>,
+        queue: PartitionQueue<GroupContext>,
+        now_ms: u64,
+    ) -> Result<Self, ServiceError> {
+        let Restored {
+            operator,
+            assigned,
+            restored_records,
+            changelog_end,
+            restore_seconds,
+            rolled_back,
+        } = restored;
+        let partition = assigned.partition;
+        let restore_error = |source| ServiceError::Restore { partition, source };
+        let controller = match &assigned.store {
+            Some((_, meta)) => controller.with_writer(meta.store_id),
+            None => controller,
+        };
+        let plan = assigned.plan;
+        let mut flight = Flight::default();
+        let (mut key, mut value) = (Vec::new(), Vec::new());
+        let mut io = Self::io(shared, partition, &mut flight, &mut key, &mut value, RawRecords::NONE);
+        #[allow(unused_mut)]
+        let mut driver =
+            TaskDriver::start(controller, operator, &plan, rolled_back, now_ms, &mut io).map_err(restore_error)?;
+        #[cfg(feature = "fault-injection")]
+        if std::env::var_os(FAULT_SKIP_BACKUPS).is_some() {
+            // Test builds only: backups write nothing while the bounds are still
+            // claimed, so the tests can show that a broken bound is caught.
+            tracing::warn!(
+                partition = assigned.partition,
+                "{FAULT_SKIP_BACKUPS} is set: backups write nothing"
+            );
+            driver.inject_faults(crate::core::driver::DriverFaults { skip_backups: true });
+        }
+        let thresholds = driver.controller().thresholds();
+        TaskMetrics::started(
+            &shared.group,
+            assigned.partition,
+            &plan,
+            restored_records,
+            restore_seconds,
+        );
+        if plan.counted_failure {
+            tracing::warn!(
+                partition = assigned.partition,
+                source = ?plan.source,
+                resume_offset = plan.resume_offset,
+                failures = plan.failures,
+                restored_records = restored_records,
+                changelog_end,
+                restore_seconds,
+                bound_state = plan.introduced.state,
+                bound_outputs = plan.introduced.outputs,
+                theta = thresholds.theta,
+                l = thresholds.items,
+                gamma = thresholds.outputs,
+                "recovered from a failure",
+            );
+        } else {
+            tracing::info!(
+                partition = assigned.partition,
+                source = ?plan.source,
+                resume_offset = plan.resume_offset,
+                failures = plan.failures,
+                restored_records = restored_records,
+                changelog_end,
+                theta = thresholds.theta,
+                l = thresholds.items,
+                gamma = thresholds.outputs,
+                "task started",
+            );
+        }
+        Ok(Task {
+            partition: assigned.partition,
+            driver,
+            queue,
+            batch: InputBatch::new(plan.resume_offset),
+            end: assigned.end,
+            flight,
+            key,
+            value,
+            metrics: TaskMetrics::new(&shared.group, assigned.partition),
+            before_stop: None,
+            store: assigned.store,
+        })
+    }
+
+    /// Writes the state changes to the local store (with the offset they are
+    /// exact at), then sends the changelog records held for that write; sends
+    /// failed outputs and dead letters again. Nothing goes out while a failed
+    /// delivery's backoff lasts.
+    pub(super) fn flush(&mut self, shared: &Shared<'_>, now_ms: u64) -> bool {
+        if self.flight.retry.holds(now_ms) {
+            return false;
+        }
+        let resent = !self.flight.resend.is_empty();
+        for (delivery, failed) in std::mem::take(&mut self.flight.resend) {
+            let mut record = BaseRecord::with_opaque_to(&failed.topic, delivery.pack());
+            if let Some(key) = &failed.key {
+                record = record.key(key.as_slice());
+            }
+            if let Some(value) = &failed.value {
+                record = record.payload(value.as_slice());
+            }
+            if let Some(headers) = failed.headers {
+                record = record.headers(headers);
+            }
+            if self.flight.fatal.is_some() {
+                break;
+            }
+            if let Err(error) = send(shared.producer, record) {
+                self.flight.fatal.get_or_insert(format!(
+                    "sending a record to {} again: {}",
+                    failed.topic,
+                    send_failure(&error)
+                ));
+            }
+        }
+        if self.flight.changelog.is_empty() && !self.flight.unwritten {
+            return resent;
+        }
+        if self.store.is_some() && self.flight.dead_letters_in_flight > 0 {
+            // The store write (and the changelog records that wait for it)
+            // waits for the dead letters' acknowledgements.
+            return resent;
+        }
+        if let Some((store, meta)) = &mut self.store {
+            self.driver.stage_state();
+            meta.next_offset = self.driver.controller().processed().offset;
+            if let Err(error) = store.write(meta) {
+                self.flight.fatal.get_or_insert(error.to_string());
+                return true;
+            }
+            self.driver.state_durable();
+        }
+        self.flight.unwritten = false;
+        self.send_changelog(shared);
+        true
+    }
+
+    /// Sends the changelog records waiting, in order, without waiting on the
+    /// producer: on a full queue the rest wait for the next round, in order.
+    /// A record the producer refuses fails with every record behind it, as a
+    /// gapless log fails every write behind a failed one: no marker may land
+    /// over a backup record that did not.
+    fn send_changelog(&mut self, shared: &Shared<'_>) {
+        let mut waiting = std::mem::take(&mut self.flight.changelog).into_iter();
+        let mut refused: Option<KafkaError> = None;
+        let mut after_entries = false;
+        while let Some((entry, delivery)) = waiting.next() {
+            if refused.is_none() {
+                if after_entries && matches!(delivery, Delivery::Marker { .. }) {
+                    shared.backup_entries_sent(self.partition);
+                }
+                after_entries = matches!(delivery, Delivery::BackupRecord { .. });
+                match send_to_changelog(shared, self.partition, &entry, delivery) {
+                    Ok(()) => {
+                        if let Delivery::Marker { seq, .. } = delivery {
+                            self.flight.markers.sent(seq);
+                        }
+                        continue;
+                    }
+                    Err(error) if is_queue_full(&error) => {
+                        self.flight.changelog = std::iter::once((entry, delivery)).chain(waiting).collect();
+                        return;
+                    }
+                    Err(error) => {
+                        if let KafkaError::MessageProduction(code) = &error {
+                            if is_permanent(*code) {
+                                self.flight.fatal.get_or_insert(format!(
+                                    "the changelog {} refused a record of partition {} ({} bytes): {error}",
+                                    shared.topics.changelog,
+                                    self.partition,
+                                    entry.encoded_len()
+                                ));
+                            }
+                        }
+                        refused = Some(error);
+                    }
+                }
+            }
+            let error = refused.as_ref().map_or_else(String::new, ToString::to_string);
+            match delivery {
+                Delivery::Marker { seq, .. } => {
+                    tracing::warn!(partition = self.partition, seq, %error, "marker not sent; it is retried");
+                    self.flight.acks.push(Ack::MarkerFailed(seq));
+                }
+                Delivery::BackupRecord { seq, .. } => {
+                    tracing::warn!(partition = self.partition, seq, %error, "backup record not sent; the backup is retried");
+                    self.flight.backup_record_done(seq, true);
+                }
+                Delivery::Output { .. } | Delivery::DeadLetter { .. } => {}
+            }
+        }
+    }
+
+    /// Delivers the acknowledgements the I/O produced itself, until none is left.
+    pub(super) fn settle(&mut self, shared: &Shared<'_>) -> bool {
+        let mut worked = false;
+        while !self.flight.acks.is_empty() {
+            worked = true;
+            let acks = std::mem::take(&mut self.flight.acks);
+            for ack in acks {
+                self.acknowledge(shared, ack);
+            }
+        }
+        worked
+    }
+
+    pub(super) fn acknowledge(&mut self, shared: &Shared<'_>, ack: Ack) {
+        // A backup's outcome moves the state's baseline, which the store keeps.
+        self.flight.unwritten |= matches!(ack, Ack::BackupWritten(_) | Ack::BackupFailed(_));
+        let mut io = Self::io(
+            shared,
+            self.partition,
+            &mut self.flight,
+            &mut self.key,
+            &mut self.value,
+            RawRecords::NONE,
+        );
+        self.driver.acknowledge(ack, &mut io);
+    }
+
+    pub(super) fn delivered(&mut self, shared: &Shared<'_>, event: DeliveryEvent, now_ms: u64) {
+        let changelog = matches!(event.delivery, Delivery::BackupRecord { .. } | Delivery::Marker { .. });
+        if changelog && event.failure.is_some() {
+            if let Some((code, reason)) = shared.changelog_producer.client().fatal_error() {
+                // No record may land behind the failed one: the producer stopped.
+                self.flight.fatal.get_or_insert(format!(
+                    "the changelog's producer stopped ({code:?}: {reason}); a restart recovers from the last \
+                     marker in {}",
+                    shared.topics.changelog
+                ));
+                return;
+            }
+        }
+        match &event.failure {
+            None => self.flight.retry.succeeded(),
+            Some(failed) if failed.code.is_some_and(is_permanent) => {
+                self.flight.fatal.get_or_insert(format!(
+                    "the broker refuses a record for {} for good (input partition {}): {}",
+                    failed.topic, self.partition, failed.error
+                ));
+                return;
+            }
+            Some(_) => self.flight.retry.failed(now_ms),
+        }
+        match (event.delivery, event.failure) {
+            (delivery @ (Delivery::Output { offset, .. } | Delivery::DeadLetter { offset, .. }), None) => {
+                if matches!(delivery, Delivery::Output { .. }) {
+                    self.metrics.outputs_acknowledged(1);
+                } else {
+                    self.metrics.dead_letters_acknowledged(1);
+                    self.flight.dead_letters_in_flight = self.flight.dead_letters_in_flight.saturating_sub(1);
+                }
+                // A dead letter is held like an output of its record.
+                self.acknowledge(
+                    shared,
+                    Ack::Output {
+                        item_offset: offset,
+                        count: 1,
+                    },
+                )
+            }
+            (delivery @ (Delivery::Output { offset, .. } | Delivery::DeadLetter { offset, .. }), Some(failed)) => {
+                // Neither is ever given up: it is sent again, in order of
+                // failure, once the backoff has passed.
+                tracing::warn!(
+                    partition = self.partition, offset, error = %failed.error, topic = %failed.topic,
+                    "record not delivered; sending it again"
+                );
+                self.flight.resend.push((delivery, failed));
+            }
+            (Delivery::BackupRecord { seq, .. }, failure) => {
+                if let Some(failed) = &failure {
+                    tracing::warn!(partition = self.partition, seq, error = %failed.error, "backup record not delivered; the backup is retried");
+                }
+                self.flight.backup_record_done(seq, failure.is_some());
+            }
+            (Delivery::Marker { seq, .. }, None) => {
+                self.flight.markers.done(seq, true);
+                self.acknowledge(shared, Ack::MarkerWritten(seq))
+            }
+            (Delivery::Marker { seq, .. }, Some(failed)) => {
+                self.flight.markers.done(seq, false);
+                tracing::warn!(partition = self.partition, seq, error = %failed.error, "marker not delivered; it is retried");
+                self.acknowledge(shared, Ack::MarkerFailed(seq));
+            }
+        }
+        self.settle(shared);
+    }
+
+    /// Takes input until the driver must wait; returns whether anything happened.
+    pub(super) fn step(&mut self, shared: &Shared<'_>, now_ms: u64, stopping: bool) -> bool {
+        let mut worked = self.settle(shared);
+        if stopping || self.driver.is_stopped() {
+            return worked;
+        }
+        let batch = &mut self.batch;
+        if batch.is_drained() {
+            batch.clear();
+            while batch.filled < POLL_BATCH {
+                match self.queue.poll(Duration::ZERO) {
+                    Some(Ok(message)) => {
+                        let offset = message.offset().max(0) as u64;
+                        batch.accept(shared.codec, offset, message.key(), message.payload());
+                        worked = true;
+                    }
+                    Some(Err(error)) => {
+                        tracing::warn!(partition = self.partition, %error, "fetching input");
+                        break;
+                    }
+                    None => break,
+                }
+            }
+        }
+        // Field by field, so the batch's position can move while the driver
+        // reads its inputs and records.
+        let records = RawRecords {
+            offsets: &batch.offsets[..batch.filled],
+            spans: &batch.spans,
+            bytes: &batch.bytes,
+        };
+        let mut io = Self::io(
+            shared,
+            self.partition,
+            &mut self.flight,
+            &mut self.key,
+            &mut self.value,
+            records,
+        );
+        // Runs of decoded items go to the driver together; a record that did
+        // not decode is refused in its turn.
+        while !batch.is_drained() {
+            let refused = batch.undecoded.get(batch.next_undecoded);
+            let run_end = refused.map_or(batch.filled, |(slot, _)| *slot);
+            let taken = if batch.taken < run_end {
+                let items = batch.offsets[batch.taken..run_end]
+                    .iter()
+                    .copied()
+                    .zip(&batch.inputs[batch.taken..run_end]);
+                match self.driver.process(items, now_ms, &mut io) {
+                    Ok(taken) => taken,
+                    Err(error) => {
+                        io.flight
+                            .fatal
+                            .get_or_insert(format!("reading the task's state: {error}"));
+                        return true;
+                    }
+                }
+            } else if let Some((slot, reason)) = refused {
+                let taken = self.driver.refuse(batch.offsets[*slot], reason, now_ms, &mut io);
+                batch.next_undecoded += usize::from(taken);
+                usize::from(taken)
+            } else {
+                0
+            };
+            batch.taken += taken;
+            worked |= taken > 0;
+            io.flight.unwritten |= taken > 0;
+            if batch.taken < run_end || taken == 0 {
+                tracing::trace!(partition = self.partition, blocked = ?self.driver.readiness(), "input waits");
+                break;
+            }
+        }
+        self.driver.tick(now_ms, &mut io);
+        worked |= self.settle(shared);
+        if worked {
+            self.publish();
+        }
+        worked
+    }
+
+    /// Brings the task's metrics up to date.
+    pub(super) fn publish(&mut self) {
+        let controller = self.driver.controller();
+        let position = TaskPosition {
+            divergence: self.driver.operator().divergence(),
+            thresholds: controller.thresholds(),
+            items_past_marker: controller.items_past_marker(),
+            unacknowledged_outputs: controller.unacknowledged_outputs(),
+            failures: controller.failures(),
+            marker_round_trips: (self.flight.markers.acknowledged, self.flight.markers.total),
+        };
+        self.metrics
+            .publish(self.driver.stats(), self.batch.undecodable, &position);
+    }
+
+    pub(super) fn at_end(&self) -> bool {
+        self.batch.is_drained() && self.batch.next_offset >= self.end
+    }
+
+    /// Input is at hand but waits on an acknowledgement (the outputs, the
+    /// start marker).
+    pub(super) fn awaits_acknowledgement(&self) -> bool {
+        !self.batch.is_drained() && matches!(self.driver.readiness(), Err(Blocked::Outputs | Blocked::StartMarker))
+    }
+
+    /// Hands the operator a record of the feedback topic; one that does not
+    /// decode is skipped with a warning (the next one supersedes it).
+    pub(super) fn feedback(&mut self, shared: &Shared<'_>, codec: &Codec, value: &[u8]) {
+        let mut io = Self::io(
+            shared,
+            self.partition,
+            &mut self.flight,
+            &mut self.key,
+            &mut self.value,
+            RawRecords::NONE,
+        );
+        match self
+            .driver
+            .side_input(|operator| operator.feedback(codec, value), &mut io)
+        {
+            Ok(moved) => tracing::debug!(partition = self.partition, moved, "feedback taken in"),
+            Err(error) => tracing::warn!(partition = self.partition, %error, "a feedback record was skipped"),
+        }
+    }
+
+    pub(super) fn begin_stop(&mut self, shared: &Shared<'_>) {
+        self.before_stop = Some(self.driver.stats());
+        let mut io = Self::io(
+            shared,
+            self.partition,
+            &mut self.flight,
+            &mut self.key,
+            &mut self.value,
+            RawRecords::NONE,
+        );
+        self.driver.begin_stop(&mut io);
+        self.settle(shared);
+    }
+}
