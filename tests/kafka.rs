@@ -1011,6 +1011,52 @@ fn a_stop_while_the_broker_is_down_with_full_producer_queues_ends_and_a_restart_
     );
 }
 
+/// A changelog created with `cleanup.policy=delete` loses the records a
+/// recovery needs as they age: the service refuses it at start, naming the
+/// topic and the policy, instead of running on it.
+#[test]
+fn a_changelog_that_is_not_compacted_is_refused_at_start() {
+    let dir = test_dir("wc-delete-changelog");
+    let broker = Broker::start(&dir);
+    let p = pipeline(
+        &dir,
+        &broker,
+        "wc-delete",
+        "text",
+        &word_count_operator(),
+        (1000.0, 1000, 1000),
+    );
+    produce(&broker.kafka(), &p.input, 1, &text_records(100, 3)).expect("produce the lines");
+    let changelog = format!("{}-changelog", p.group);
+    afstream::service::kafka::ensure_topics(
+        &broker.kafka(),
+        &[afstream::service::kafka::TopicSpec {
+            name: &changelog,
+            partitions: 1,
+            compacted: false,
+        }],
+    )
+    .expect("create the changelog with the broker's default policy (delete)");
+    let mut service = Service::start(&p.config, &dir.join("run.log"), true);
+    let status = service.wait(RUN_DEADLINE, "the service to end");
+    if !log_lines(&service.log, "not checked").is_empty() {
+        eprintln!(
+            "skipped: this broker does not describe the topic's cleanup.policy, so it cannot be checked: {:?}",
+            log_lines(&service.log, "not checked")
+        );
+        return;
+    }
+    assert!(!status.success(), "a delete-policy changelog must be refused");
+    let refused = log_lines(&service.log, "must be compacted");
+    assert!(
+        refused
+            .iter()
+            .any(|line| line.contains(&changelog) && line.contains("delete")),
+        "the error names the topic and its policy:\n{}",
+        common::tail(&service.log)
+    );
+}
+
 /// Keyed lines of five words whose words belong to their key: every word
 /// stays in one partition, so the partitions' counts together are the global ones.
 fn keyed_word_lines(lines: usize, seed: u64) -> Vec<InputRecord> {

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -183,6 +183,7 @@ pub struct TopicSpec<'a> {
 pub fn ensure_topics(kafka: &KafkaConfig, topics: &[TopicSpec<'_>]) -> Result<(), KafkaSetupError> {
     let client: BaseConsumer = client_config(kafka, ClientRole::Consumer, &[]).create()?;
     let mut missing = Vec::new();
+    let mut compacted = Vec::new();
     for topic in topics {
         match partitions_of(&client, topic.name)? {
             Some(found) if found < topic.partitions => {
@@ -191,14 +192,19 @@ pub fn ensure_topics(kafka: &KafkaConfig, topics: &[TopicSpec<'_>]) -> Result<()
                     reason: format!("has {found} partitions, needs at least {}", topic.partitions),
                 })
             }
+            Some(_) if topic.compacted => compacted.push(topic.name),
             Some(_) => {}
             None => missing.push(topic),
         }
     }
-    if missing.is_empty() {
+    if missing.is_empty() && compacted.is_empty() {
         return Ok(());
     }
     let admin: AdminClient<DefaultClientContext> = client_config(kafka, ClientRole::Admin, &[]).create()?;
+    check_compacted(&admin, &compacted)?;
+    if missing.is_empty() {
+        return Ok(());
+    }
     let new_topics: Vec<NewTopic<'_>> = missing
         .iter()
         .map(|t| {
@@ -242,6 +248,60 @@ pub fn ensure_topics(kafka: &KafkaConfig, topics: &[TopicSpec<'_>]) -> Result<()
         }
     }
     Ok(())
+}
+
+/// Refuses a topic that must be compacted (a changelog) but is not: with
+/// `cleanup.policy=delete` the broker drops old records by age or size, and
+/// with them keys the last marker's state holds, so a recovery would restore
+/// a state with keys missing and no error to show for it. A broker that does
+/// not describe topic configs cannot be checked: that is logged, not refused.
+fn check_compacted(admin: &AdminClient<DefaultClientContext>, topics: &[&str]) -> Result<(), KafkaSetupError> {
+    if topics.is_empty() {
+        return Ok(());
+    }
+    let specifiers: Vec<ResourceSpecifier<'_>> = topics.iter().map(|t| ResourceSpecifier::Topic(t)).collect();
+    let options = AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT));
+    let results = match futures_executor::block_on(admin.describe_configs(specifiers.iter(), &options)) {
+        Ok(results) => results,
+        Err(error) => {
+            tracing::warn!(topics = ?topics, %error, "cannot read the changelog's cleanup.policy; not checked");
+            return Ok(());
+        }
+    };
+    for (topic, result) in topics.iter().zip(results) {
+        let policy = match result {
+            Ok(resource) => resource.get("cleanup.policy").and_then(|entry| entry.value.clone()),
+            Err(code) => {
+                tracing::warn!(topic, %code, "cannot read the changelog's cleanup.policy; not checked");
+                continue;
+            }
+        };
+        match policy {
+            Some(policy) if !is_compacted(&policy) => {
+                return Err(KafkaSetupError::Topic {
+                    topic: topic.to_string(),
+                    reason: format!(
+                        "its cleanup.policy is {policy:?}: a changelog must be compacted (cleanup.policy=compact), \
+                         or the broker deletes records a recovery needs; change the topic's policy or name another \
+                         changelog_topic"
+                    ),
+                });
+            }
+            Some(_) => {}
+            None => tracing::warn!(
+                topic,
+                "the broker reports no cleanup.policy for the changelog; not checked"
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// Whether a `cleanup.policy` value compacts: `compact`, or `compact,delete`
+/// (compaction with a retention limit, which Kafka Streams also accepts for
+/// windowed stores).
+fn is_compacted(policy: &str) -> bool {
+    policy.split(',').any(|p| p.trim() == "compact")
 }
 
 /// Reads partitions by assignment, from an offset to an end, with a deadline on
@@ -754,6 +814,16 @@ impl ProducerContext for DeliveryReports {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_policy_that_compacts_is_a_changelog_policy() {
+        for policy in ["compact", "compact,delete", "delete, compact"] {
+            assert!(is_compacted(policy), "{policy}");
+        }
+        for policy in ["delete", "", "compaction"] {
+            assert!(!is_compacted(policy), "{policy}");
+        }
+    }
 
     fn unreachable() -> KafkaSetupError {
         KafkaSetupError::Kafka(KafkaError::MetadataFetch(RDKafkaErrorCode::BrokerTransportFailure))
