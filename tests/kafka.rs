@@ -1057,6 +1057,50 @@ fn a_changelog_that_is_not_compacted_is_refused_at_start() {
     );
 }
 
+/// A committed offset with no marker in the changelog is a loss, not a
+/// clean start: every start writes a marker and the group's offset follows
+/// acknowledged markers, so the changelog lost its records (here: the
+/// pipeline pointed at a new, empty changelog). The task goes on from the
+/// committed offset and says, as an error, that the state before it is lost.
+#[test]
+fn a_committed_offset_without_a_marker_is_reported_as_lost_state() {
+    let dir = test_dir("wc-lost-changelog");
+    let broker = Broker::start(&dir);
+    let p = pipeline(
+        &dir,
+        &broker,
+        "wc-lost",
+        "text",
+        &word_count_operator(),
+        (1000.0, 1000, 1000),
+    );
+    produce(&broker.kafka(), &p.input, 1, &text_records(500, 4)).expect("produce the lines");
+    let first = run_to_end(&p, "first.log");
+    assert!(log_lines(&first.log, "the changelog holds no marker").is_empty());
+
+    let config = std::fs::read_to_string(&p.config).expect("read the config");
+    let renamed = config.replacen(
+        "format = \"text\"",
+        &format!("format = \"text\"\nchangelog_topic = \"{}-changelog-renamed\"", p.group),
+        1,
+    );
+    assert_ne!(config, renamed, "the config names another changelog");
+    std::fs::write(&p.config, renamed).expect("write the config");
+    produce(&broker.kafka(), &p.input, 1, &text_records(100, 5)).expect("produce more lines");
+    let second = run_to_end(&p, "second.log");
+    let lost = log_lines(
+        &second.log,
+        "the changelog holds no marker, yet the group committed offset 500",
+    );
+    assert_eq!(
+        lost.len(),
+        1,
+        "the loss is reported once, with the committed offset:\n{}",
+        common::tail(&second.log)
+    );
+    assert!(lost[0].contains("ERROR"), "{}", lost[0]);
+}
+
 /// Keyed lines of five words whose words belong to their key: every word
 /// stays in one partition, so the partitions' counts together are the global ones.
 fn keyed_word_lines(lines: usize, seed: u64) -> Vec<InputRecord> {

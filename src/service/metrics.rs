@@ -110,6 +110,11 @@ pub const METRICS: &[(&str, MetricKind, &str)] = &[
         "Task starts, by source (marker, committed, beginning, local_store) and whether a failure was counted.",
     ),
     (
+        "afstream_state_lost_total",
+        MetricKind::Counter,
+        "Task starts that found no marker in the changelog although the group had committed an offset: the state of the input before it is lost.",
+    ),
+    (
         "afstream_restored_records_total",
         MetricKind::Counter,
         "Changelog records read at task starts.",
@@ -278,6 +283,12 @@ impl TaskMetrics {
         counter!("afstream_restored_records_total", &labels).increment(records);
         gauge!("afstream_restore_seconds", &labels).set(seconds);
         gauge!("afstream_recovery_error_bound", &labels).set(plan.introduced.state);
+    }
+
+    /// A task started with its state lost (see `afstream_state_lost_total`).
+    pub fn state_lost(group: &str, partition: i32) {
+        counter!("afstream_state_lost_total", "group" => group.to_string(), "partition" => partition.to_string())
+            .increment(1);
     }
 
     /// Records a partition's lag from the client's statistics.

@@ -10,7 +10,9 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, Producer};
 
-use crate::core::{Ack, BackupEntry, Blocked, ControllerConfig, DriverStats, MarkedState, TaskDriver};
+use crate::core::{
+    Ack, BackupEntry, Blocked, ControllerConfig, DriverStats, MarkedState, Mode, ResumeSource, TaskDriver,
+};
 use crate::service::codec::{Codec, ServiceOperator};
 use crate::service::kafka::{is_permanent, ChangelogLoader, Delivery, DeliveryEvent};
 use crate::service::metrics::{TaskMetrics, TaskPosition};
@@ -25,6 +27,24 @@ use super::group::GroupContext;
 use super::input::{InputBatch, RawRecords};
 use super::restore::Restored;
 use super::{Assigned, Shared, POLL_BATCH, RESTORE_ATTEMPTS, RESTORE_CHUNK, RESTORE_RETRY_WAIT};
+
+/// A task that backs up starts with a marker, and the group's offset follows
+/// acknowledged markers: a committed offset with no marker in the changelog
+/// means the changelog lost its records (deleted, a `delete` cleanup policy,
+/// a `changelog_topic` renamed). The task goes on from that offset with an
+/// empty state, so the state of the input before it is lost: an error and a
+/// metric, not a clean start.
+fn report_lost_state(shared: &Shared<'_>, partition: i32, committed: u64) {
+    tracing::error!(
+        partition,
+        committed,
+        changelog = %shared.topics.changelog,
+        "the changelog holds no marker, yet the group committed offset {committed}: the state of the input \
+         before it is lost (records deleted, a cleanup.policy that deletes, or a changelog_topic renamed); \
+         the task goes on from that offset with an empty state"
+    );
+    TaskMetrics::state_lost(&shared.group, partition);
+}
 
 /// One operator on one input partition.
 pub(super) struct Task<O: ServiceOperator> {
@@ -211,6 +231,9 @@ impl<O: ServiceOperator> Task<O> {
             None => controller,
         };
         let plan = assigned.plan;
+        if controller.mode != Mode::None && plan.source == ResumeSource::Committed {
+            report_lost_state(shared, partition, plan.resume_offset);
+        }
         let mut flight = Flight::default();
         let (mut key, mut value) = (Vec::new(), Vec::new());
         let mut io = Self::io(shared, partition, &mut flight, &mut key, &mut value, RawRecords::NONE);
