@@ -1101,6 +1101,54 @@ fn a_committed_offset_without_a_marker_is_reported_as_lost_state() {
     assert!(lost[0].contains("ERROR"), "{}", lost[0]);
 }
 
+/// An output larger than the producer's `message.max.bytes` goes to the
+/// dead-letter topic, cut short, with its reason and its input record, and
+/// the run goes on: it used to stop the process, and every restart replayed
+/// the same record into the same error.
+#[test]
+fn an_output_over_the_record_limit_is_dead_lettered_and_the_run_goes_on() {
+    use afstream::service::runner::{DEAD_LETTER_OFFSET_HEADER, DEAD_LETTER_REASON_HEADER};
+    let dir = test_dir("grep-oversized");
+    let broker = Broker::start(&dir);
+    let p = pipeline(
+        &dir,
+        &broker,
+        "grep-big",
+        "text",
+        "kind = \"grep\"\npattern = \"match\"",
+        (1.0, 1000, 1000),
+    );
+    let config = std::fs::read_to_string(&p.config).expect("read the config");
+    let config = config.replace(
+        r#"properties = { "consumer.fetch.wait.max.ms" = "10" }"#,
+        r#"properties = { "consumer.fetch.wait.max.ms" = "10", "producer.message.max.bytes" = "4000" }"#,
+    );
+    std::fs::write(&p.config, config).expect("write the config");
+    let line = |text: String| InputRecord {
+        key: None,
+        value: text.into_bytes(),
+    };
+    let mut records: Vec<InputRecord> = (0..300).map(|i| line(format!("line {i} match"))).collect();
+    let oversized_at = 150;
+    records[oversized_at] = line(format!("match {}", "x".repeat(10_000)));
+    produce(&broker.kafka(), &p.input, 1, &records).expect("produce the lines");
+
+    let service = run_to_end(&p, "run.log");
+
+    let outputs = broker.read_topic(&p.output);
+    assert_eq!(outputs.len(), 299, "every other matching line is an output");
+    let dead = broker.read_topic(&format!("{}-dead-letters", p.group));
+    assert_eq!(dead.len(), 1, "one dead letter, the oversized output: {dead:?}");
+    assert_eq!(
+        dead[0].header(DEAD_LETTER_OFFSET_HEADER),
+        Some(oversized_at.to_string().as_str())
+    );
+    let reason = dead[0].header(DEAD_LETTER_REASON_HEADER).unwrap_or_default();
+    assert!(reason.contains("message.max.bytes"), "{reason}");
+    assert_eq!(dead[0].value.len(), 1024, "cut to its first bytes");
+    assert!(log_lines(&service.log, "recovered from a failure").is_empty());
+}
+
 /// Keyed lines of five words whose words belong to their key: every word
 /// stays in one partition, so the partitions' counts together are the global ones.
 fn keyed_word_lines(lines: usize, seed: u64) -> Vec<InputRecord> {

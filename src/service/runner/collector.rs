@@ -223,6 +223,72 @@ pub(super) fn send_to_changelog(
     shared.changelog_producer.send(record).map_err(|(error, _)| error)
 }
 
+/// What of an oversized output its dead letter keeps: enough to tell which
+/// output it was, well under any broker's record limit.
+const OVERSIZED_KEPT: usize = 1024;
+
+/// The headers of a dead letter: the input record it comes from and why.
+fn dead_letter_headers(input: &str, partition: i32, offset: u64, reason: &str) -> OwnedHeaders {
+    let (partition, offset) = (partition.to_string(), offset.to_string());
+    OwnedHeaders::new_with_capacity(4)
+        .insert(Header {
+            key: DEAD_LETTER_TOPIC_HEADER,
+            value: Some(input),
+        })
+        .insert(Header {
+            key: DEAD_LETTER_PARTITION_HEADER,
+            value: Some(partition.as_str()),
+        })
+        .insert(Header {
+            key: DEAD_LETTER_OFFSET_HEADER,
+            value: Some(offset.as_str()),
+        })
+        .insert(Header {
+            key: DEAD_LETTER_REASON_HEADER,
+            value: Some(reason),
+        })
+}
+
+impl<O: ServiceOperator> KafkaIo<'_, O> {
+    /// An output larger than the producer's `message.max.bytes` would stop the
+    /// task at every restart (the replay makes it again): it goes to the
+    /// dead-letter topic instead, cut to its first bytes, with the reason and
+    /// the input record it came from. The dead letter carries the output's
+    /// delivery, so its acknowledgement counts as the output's.
+    fn dead_letter_oversized(&mut self, item_offset: u64, keyed: bool, delivery: Delivery) {
+        let size = self.key.len() * usize::from(keyed) + self.value.len();
+        let reason = format!(
+            "an output of {size} bytes is over the producer's message.max.bytes; its first {} bytes of value \
+             (and of key) are kept here",
+            OVERSIZED_KEPT
+        );
+        tracing::warn!(
+            partition = self.partition,
+            offset = item_offset,
+            size,
+            "output too large for the broker; it goes to the dead-letter topic {}",
+            self.shared.topics.dead_letters
+        );
+        let topics = self.shared.topics;
+        let headers = dead_letter_headers(&topics.input, self.partition, item_offset, &reason);
+        let value = &self.value[..self.value.len().min(OVERSIZED_KEPT)];
+        let mut record = BaseRecord::with_opaque_to(&topics.dead_letters, delivery.pack())
+            .headers(headers)
+            .payload(value);
+        if keyed {
+            record = record.key(&self.key[..self.key.len().min(OVERSIZED_KEPT)]);
+        }
+        if let Err(error) = send(self.shared.producer, record) {
+            self.flight.fatal.get_or_insert(format!(
+                "producing the dead letter of an oversized output to {} (input partition {}, offset {item_offset}): {}",
+                topics.dead_letters,
+                self.partition,
+                send_failure(&error)
+            ));
+        }
+    }
+}
+
 impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
     fn send_output(&mut self, item_offset: u64, output: O::Output) {
         if self.flight.fatal.is_some() {
@@ -249,13 +315,19 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
         if keyed {
             record = record.key(self.key.as_slice());
         }
-        if let Err(error) = send(self.shared.producer, record) {
-            self.flight.fatal.get_or_insert(format!(
-                "producing an output to {} (input partition {}, offset {item_offset}): {}",
-                self.shared.topics.output,
-                self.partition,
-                send_failure(&error)
-            ));
+        match send(self.shared.producer, record) {
+            Ok(()) => {}
+            Err(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)) => {
+                self.dead_letter_oversized(item_offset, keyed, delivery);
+            }
+            Err(error) => {
+                self.flight.fatal.get_or_insert(format!(
+                    "producing an output to {} (input partition {}, offset {item_offset}): {}",
+                    self.shared.topics.output,
+                    self.partition,
+                    send_failure(&error)
+                ));
+            }
         }
     }
 
@@ -315,26 +387,7 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
             );
             (None, None)
         });
-        let partition = self.partition.to_string();
-        let offset_text = offset.to_string();
-        let reason_text = reason.to_string();
-        let headers = OwnedHeaders::new_with_capacity(4)
-            .insert(Header {
-                key: DEAD_LETTER_TOPIC_HEADER,
-                value: Some(topics.input.as_str()),
-            })
-            .insert(Header {
-                key: DEAD_LETTER_PARTITION_HEADER,
-                value: Some(partition.as_str()),
-            })
-            .insert(Header {
-                key: DEAD_LETTER_OFFSET_HEADER,
-                value: Some(offset_text.as_str()),
-            })
-            .insert(Header {
-                key: DEAD_LETTER_REASON_HEADER,
-                value: Some(reason_text.as_str()),
-            });
+        let headers = dead_letter_headers(&topics.input, self.partition, offset, &reason.to_string());
         let delivery = Delivery::DeadLetter {
             partition: self.partition,
             offset,
