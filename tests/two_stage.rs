@@ -43,7 +43,7 @@ fn write_config(path: &Path, broker: &Broker, group: &str, input: &str) {
 [kafka]
 bootstrap_servers = "{address}"
 group_id = "{group}"
-properties = {{ "consumer.fetch.wait.max.ms" = "10" }}
+properties = {{ "consumer.fetch.wait.max.ms" = "10", "consumer.session.timeout.ms" = "6000" }}
 
 [pipelines.tokenize]
 input_topic = "{input}"
@@ -64,12 +64,20 @@ fault_tolerance = {{ mode = "approximate", theta = {THETA:?}, max_uncovered = {L
 }
 
 /// Starts a run to the end and SIGKILLs it once `topic` holds `at` records.
+/// Runs both stages until `topic` holds `at` records, then SIGKILLs them, and
+/// waits out the killed members' session (6 s here) before the next run
+/// joins. Worked around for the project's broker: Tansu 0.6.0's coordinator
+/// gives a member that joins while a killed leader is still registered no
+/// partitions and never rebalances once the dead member expires (a count
+/// stage killed two seconds after it joined left the next run's count
+/// stage with `partitions assigned partitions=[]` for the whole deadline).
 fn kill_when(broker: &Broker, config: &Path, log: &Path, topic: &str, at: i64) {
     let mut service = Service::start(config, log, true);
     service.wait_until(RUN_DEADLINE, &format!("{at} records in {topic}"), || {
         broker.record_count(topic) >= at
     });
     service.kill();
+    std::thread::sleep(Duration::from_secs(7));
 }
 
 #[test]
