@@ -99,10 +99,8 @@ pub enum Action {
     /// ([`crate::Operator::fail_backup`]).
     AbandonBackup { seq: u64 },
     /// Write this marker to the changelog after every record written before it;
-    /// report whether it was acknowledged. Boxed: a marker is about 220 bytes
-    /// (its recent failures), and every action would be as large and copied as
-    /// often.
-    Marker(Box<BackupMarker>),
+    /// report whether it was acknowledged.
+    Marker(BackupMarker),
     /// Bookkeeping: commit this input offset to the consumer group so tools show
     /// lag. Nothing waits for it.
     Commit { offset: u64 },
@@ -677,7 +675,7 @@ impl TaskController {
             entries_of,
             acknowledged: false,
         });
-        actions.push(Action::Marker(Box::new(BackupMarker {
+        actions.push(Action::Marker(BackupMarker {
             seq,
             input_offset: covers.offset,
             failures: self.failures,
@@ -686,7 +684,7 @@ impl TaskController {
             recent: self.recent,
             writer: self.writer,
             covers: covers_backup,
-        })));
+        }));
     }
 
     /// Every output of the items before this position is acknowledged.

@@ -103,12 +103,12 @@ impl LoggedValue {
     }
 
     pub fn encode(&self) -> EntryBytes {
-        let mut out = EntryBytes::new();
+        let mut out = Vec::new();
         self.encode_into(&mut out);
-        out
+        EntryBytes::from_slice(&out)
     }
 
-    pub(crate) fn encode_into(&self, out: &mut impl ByteSink) {
+    pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
         let priors = self
             .priors
             .iter()
@@ -141,37 +141,6 @@ impl LoggedValue {
     }
 }
 
-/// Where encoded bytes go: a record's own buffer, or a backup's shared one
-/// ([`crate::batch::BackupBatch`]).
-pub(crate) trait ByteSink {
-    fn put(&mut self, byte: u8);
-    fn put_slice(&mut self, bytes: &[u8]);
-}
-
-impl ByteSink for Vec<u8> {
-    #[inline]
-    fn put(&mut self, byte: u8) {
-        self.push(byte);
-    }
-
-    #[inline]
-    fn put_slice(&mut self, bytes: &[u8]) {
-        self.extend_from_slice(bytes);
-    }
-}
-
-impl ByteSink for EntryBytes {
-    #[inline]
-    fn put(&mut self, byte: u8) {
-        self.push(byte);
-    }
-
-    #[inline]
-    fn put_slice(&mut self, bytes: &[u8]) {
-        self.extend_from_slice(bytes);
-    }
-}
-
 /// A value as the envelope holds it: `0` for no key, else the length of its
 /// versioned bytes + 1 and those bytes.
 #[derive(Clone, Copy, Debug)]
@@ -193,12 +162,12 @@ impl<'a> From<Option<&'a [u8]>> for Slot<'a> {
 /// (one certain prior) is encoded without building a [`LoggedValue`] first.
 #[inline]
 pub(crate) fn write_envelope<'a>(
-    out: &mut impl ByteSink,
+    out: &mut Vec<u8>,
     seq: u64,
     value: Slot<'_>,
     priors: impl ExactSizeIterator<Item = (u64, Slot<'a>)>,
 ) {
-    out.put(ENVELOPE_VERSION);
+    out.push(ENVELOPE_VERSION);
     put_varint(out, seq);
     put_slot(out, value);
     put_varint(out, priors.len() as u64);
@@ -243,26 +212,26 @@ fn put_f64_slot(out: &mut Vec<u8>, value: f64) {
 const F64_SLOT_LEN: u8 = 10;
 
 #[inline]
-fn put_varint(out: &mut impl ByteSink, mut value: u64) {
+fn put_varint(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
-        out.put((value as u8) | 0x80);
+        out.push((value as u8) | 0x80);
         value >>= 7;
     }
-    out.put(value as u8);
+    out.push(value as u8);
 }
 
 #[inline]
-fn put_slot(out: &mut impl ByteSink, value: Slot<'_>) {
+fn put_slot(out: &mut Vec<u8>, value: Slot<'_>) {
     match value {
-        Slot::Absent => out.put(0),
+        Slot::Absent => out.push(0),
         Slot::Versioned(bytes) => {
             put_varint(out, bytes.len() as u64 + 1);
-            out.put_slice(bytes);
+            out.extend_from_slice(bytes);
         }
         Slot::Payload(bytes) => {
             put_varint(out, bytes.len() as u64 + 2);
-            out.put(ENCODING_VERSION);
-            out.put_slice(bytes);
+            out.push(ENCODING_VERSION);
+            out.extend_from_slice(bytes);
         }
     }
 }

@@ -46,7 +46,7 @@ fn markers(actions: &[Action]) -> Vec<BackupMarker> {
     actions
         .iter()
         .filter_map(|a| match a {
-            Action::Marker(marker) => Some(**marker),
+            Action::Marker(marker) => Some(*marker),
             _ => None,
         })
         .collect()

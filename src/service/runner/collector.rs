@@ -250,6 +250,16 @@ fn dead_letter_headers(input: &str, partition: i32, offset: u64, reason: &str) -
 }
 
 impl<O: ServiceOperator> KafkaIo<'_, O> {
+    /// A record of the item at `offset` could not be sent: the task ends
+    /// with this error.
+    fn send_failed(&mut self, what: &str, topic: &str, offset: u64, error: &KafkaError) {
+        self.flight.fatal.get_or_insert(format!(
+            "producing {what} to {topic} (input partition {}, offset {offset}): {}",
+            self.partition,
+            send_failure(error)
+        ));
+    }
+
     /// An output larger than the producer's `message.max.bytes` would stop the
     /// task at every restart (the replay makes it again): it goes to the
     /// dead-letter topic instead, cut to its first bytes, with the reason and
@@ -279,12 +289,12 @@ impl<O: ServiceOperator> KafkaIo<'_, O> {
             record = record.key(&self.key[..self.key.len().min(OVERSIZED_KEPT)]);
         }
         if let Err(error) = send(self.shared.producer, record) {
-            self.flight.fatal.get_or_insert(format!(
-                "producing the dead letter of an oversized output to {} (input partition {}, offset {item_offset}): {}",
-                topics.dead_letters,
-                self.partition,
-                send_failure(&error)
-            ));
+            self.send_failed(
+                "the dead letter of an oversized output",
+                &topics.dead_letters,
+                item_offset,
+                &error,
+            );
         }
     }
 }
@@ -320,14 +330,7 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
             Err(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)) => {
                 self.dead_letter_oversized(item_offset, keyed, delivery);
             }
-            Err(error) => {
-                self.flight.fatal.get_or_insert(format!(
-                    "producing an output to {} (input partition {}, offset {item_offset}): {}",
-                    self.shared.topics.output,
-                    self.partition,
-                    send_failure(&error)
-                ));
-            }
+            Err(error) => self.send_failed("an output", &self.shared.topics.output, item_offset, &error),
         }
     }
 
@@ -400,12 +403,7 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
             record = record.payload(value);
         }
         if let Err(error) = send(self.shared.producer, record) {
-            self.flight.fatal.get_or_insert(format!(
-                "producing a dead letter to {} (input partition {}, offset {offset}): {}",
-                topics.dead_letters,
-                self.partition,
-                send_failure(&error)
-            ));
+            self.send_failed("a dead letter", &topics.dead_letters, offset, &error);
         }
         self.flight.dead_letters_in_flight += 1;
         1
