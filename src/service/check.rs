@@ -204,7 +204,8 @@ pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError
                 out,
                 "mode approximate: a failure restores the state logged at the task's last marker and replays the \
                  input from there; it adds at most theta to the state, loses no output and repeats the outputs of \
-                 the items it replays (markers go out every l/2 items: about l items, at most beta outputs each)"
+                 the items it replays (markers go out every l/2 items: about l items, at most beta outputs each), \
+                 which a downstream afstream stage skips by their source positions"
             );
             let _ = writeln!(out, "policy {:?}; per task:", ft.failure_policy());
             let _ = writeln!(
@@ -245,11 +246,13 @@ pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError
 }
 
 /// The end-to-end bound of a chain on `partitions` partitions per stage, after
-/// any number of failures under halving: the last stage's state bound; for
-/// each earlier stage, its state bound amplified by β per later stage, and its
-/// repeated outputs, each moving the last stage's state by at most its α
-/// (amplified by β per stage in between). Summed over tasks where the
-/// divergence adds up.
+/// any number of failures under halving: the last stage's state bound, and for
+/// each earlier stage its state bound amplified by β per later stage. An
+/// upstream replay adds nothing: its outputs carry their source positions and
+/// the next stage skips those it applied (`crate::core::sources`). Only an
+/// upstream stage that restarts from a local store may lose outputs (at most
+/// γ a failure, Σγ = Γ per task under halving), each moving the last stage's
+/// state by at most its α. Summed over tasks where the divergence adds up.
 pub fn chain_bound(stages: &[&Config], partitions: usize) -> Result<f64, ServiceError> {
     let plans = stages
         .iter()
@@ -260,11 +263,13 @@ pub fn chain_bound(stages: &[&Config], partitions: usize) -> Result<f64, Service
     let beta = stages.first().and_then(|c| c.stage.as_ref()).map_or(1.0, |s| s.fanout);
     let m = plans.len();
     let mut bound = tasks(last) * last.policy.limit(last.constants).state;
-    for (i, p) in plans[..m - 1].iter().enumerate() {
-        let limit = p.policy.limit(p.constants);
+    for (i, (p, config)) in plans[..m - 1].iter().zip(stages).enumerate() {
         let later = (m - 1 - i) as i32;
-        bound +=
-            tasks(p) * (limit.state * beta.powi(later) + last.constants.alpha * limit.outputs * beta.powi(later - 1));
+        bound += tasks(p) * p.policy.limit(p.constants).state * beta.powi(later);
+        if p.store_backed && config.pipeline.state_dir.is_some() {
+            let lost = 2.0 * p.policy.for_failures(0).outputs as f64;
+            bound += tasks(p) * last.constants.alpha * lost * beta.powi(later - 1);
+        }
     }
     Ok(bound)
 }

@@ -59,6 +59,11 @@ pub const METRICS: &[(&str, MetricKind, &str)] = &[
         "Refused records sent to the dead-letter topic.",
     ),
     (
+        "afstream_repeats_skipped_total",
+        MetricKind::Counter,
+        "Input records skipped because their source position was applied already (an upstream replay).",
+    ),
+    (
         "afstream_dead_letters_acknowledged_total",
         MetricKind::Counter,
         "Dead letters the broker acknowledged.",
@@ -201,6 +206,7 @@ pub struct TaskMetrics {
     outputs_acknowledged: Counter,
     dead_letters: Counter,
     dead_letters_acknowledged: Counter,
+    repeats: Counter,
     backups: Counter,
     backup_entries: Counter,
     backup_bytes: Counter,
@@ -244,6 +250,7 @@ impl TaskMetrics {
             outputs_acknowledged: counter!("afstream_outputs_acknowledged_total", &labels),
             dead_letters: counter!("afstream_dead_letters_total", &labels),
             dead_letters_acknowledged: counter!("afstream_dead_letters_acknowledged_total", &labels),
+            repeats: counter!("afstream_repeats_skipped_total", &labels),
             backups: counter!("afstream_backups_total", &labels),
             backup_entries: counter!("afstream_backup_entries_total", &labels),
             backup_bytes: counter!("afstream_backup_bytes_total", &labels),
@@ -311,6 +318,7 @@ impl TaskMetrics {
         self.rejected.increment(stats.rejected - before.rejected);
         self.outputs.increment(stats.outputs - before.outputs);
         self.dead_letters.increment(stats.dead_letters - before.dead_letters);
+        self.repeats.increment(stats.repeats - before.repeats);
         self.backups.increment(stats.backups - before.backups);
         self.backup_entries
             .increment(stats.backup_entries - before.backup_entries);

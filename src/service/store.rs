@@ -7,6 +7,7 @@
 //! | key | value |
 //! | --- | --- |
 //! | `\0meta` | version, store identity, next input offset, boot id |
+//! | `\0sources` | version, the newest source positions the state includes (`crate::core::sources`) |
 //! | `r` tag key | version, live value, and while it drifts its backed value and presence |
 //! | `d` tag key | empty: the index of drifted keys a restart reloads |
 //!
@@ -23,11 +24,12 @@ use rocksdb::{BlockBasedIndexType, BlockBasedOptions, Cache, Direction, Iterator
 use super::ServiceError;
 use crate::core::entry::PayloadReader;
 use crate::core::structures::RecordVisitor;
-use crate::core::{CoreError, KeyStore, StoredDrift, StoredSlot};
+use crate::core::{CoreError, KeyStore, SourcePositions, StoredDrift, StoredSlot};
 
 /// The layout version this build writes and reads.
 const STORE_VERSION: u8 = 1;
 const META_KEY: &[u8] = b"\0meta";
+const SOURCES_KEY: &[u8] = b"\0sources";
 const RECORD: u8 = b'r';
 const DRIFTED: u8 = b'd';
 
@@ -41,6 +43,9 @@ pub struct StoreMeta {
     pub next_offset: u64,
     /// The machine's boot id at the last write (empty where unknown).
     pub boot_id: String,
+    /// The newest source positions the state includes at `next_offset`
+    /// (kept under their own key; stores written before them have none).
+    pub sources: SourcePositions,
 }
 
 impl StoreMeta {
@@ -68,7 +73,28 @@ impl StoreMeta {
             store_id,
             next_offset,
             boot_id,
+            sources: SourcePositions::default(),
         })
+    }
+
+    fn encode_sources(&self) -> Vec<u8> {
+        let mut out = vec![STORE_VERSION];
+        self.sources.encode_into(&mut out);
+        out
+    }
+
+    fn decode_sources(bytes: &[u8]) -> Result<SourcePositions, String> {
+        let (&version, body) = bytes.split_first().ok_or("an empty source positions record")?;
+        if version != STORE_VERSION {
+            return Err(format!(
+                "source positions written with store layout version {version}; this build reads version \
+                 {STORE_VERSION}"
+            ));
+        }
+        let mut reader = PayloadReader::new(body, "store source positions");
+        let sources = SourcePositions::decode_from(&mut reader).map_err(|e| e.to_string())?;
+        reader.finish().map_err(|e| e.to_string())?;
+        Ok(sources)
     }
 
     /// Whether writes acknowledged before a crash are all still here: the machine
@@ -156,12 +182,20 @@ impl TaskStore {
     pub fn open(path: &Path, budget: StoreBudget) -> Result<(Self, Option<StoreMeta>), ServiceError> {
         std::fs::create_dir_all(path).map_err(|e| store_error(path, format!("cannot create it: {e}")))?;
         let db = DB::open(&options(budget), path).map_err(|e| store_error(path, format!("cannot open it: {e}")))?;
-        let meta = db
+        let mut meta = db
             .get_pinned(META_KEY)
             .map_err(|e| store_error(path, format!("reading its meta record: {e}")))?
             .map(|bytes| StoreMeta::decode(&bytes))
             .transpose()
             .map_err(|reason| store_error(path, reason))?;
+        if let Some(meta) = &mut meta {
+            let sources = db
+                .get_pinned(SOURCES_KEY)
+                .map_err(|e| store_error(path, format!("reading its source positions: {e}")))?;
+            if let Some(bytes) = sources {
+                meta.sources = StoreMeta::decode_sources(&bytes).map_err(|reason| store_error(path, reason))?;
+            }
+        }
         let store = TaskStore {
             inner: Arc::new(Mutex::new(Inner {
                 db,
@@ -204,6 +238,7 @@ impl TaskStore {
         let mut inner = self.lock();
         let mut batch = std::mem::take(&mut inner.batch);
         batch.put(META_KEY, meta.encode());
+        batch.put(SOURCES_KEY, meta.encode_sources());
         inner
             .db
             .write(batch)
@@ -216,6 +251,7 @@ impl TaskStore {
             store_id: rand::random::<u64>() | 1,
             next_offset,
             boot_id: boot_id(),
+            sources: SourcePositions::default(),
         }
     }
 }
@@ -365,7 +401,7 @@ mod tests {
     }
 
     #[test]
-    fn a_table_on_rocksdb_survives_a_reopen_with_its_drift() {
+    fn a_table_on_rocksdb_survives_a_reopen_with_its_drift_and_source_positions() {
         let dir = temp_dir("reopen");
         let (store, meta) = TaskStore::open(&dir, BUDGET).unwrap();
         assert!(meta.is_none(), "a new store");
@@ -377,8 +413,15 @@ mod tests {
         table.acknowledge(0);
         table.add(&7, 3.0).unwrap();
         table.stage_changes();
+        let mut sources = SourcePositions::default();
+        sources.advance(crate::core::SourcePosition {
+            source: 5,
+            offset: 40,
+            index: 3,
+        });
         let meta = StoreMeta {
             next_offset: 100,
+            sources,
             ..TaskStore::new_meta(0)
         };
         store.write(&meta).unwrap();

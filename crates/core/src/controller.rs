@@ -69,6 +69,7 @@ use super::error::CoreError;
 pub use super::mode::{ExactInterval, Mode};
 use super::operator::{AnalysisConstants, BackupScope};
 use super::recovery::{BackupMarker, RecentFailures, RecoveryPlan};
+use super::sources::SourcePositions;
 use super::thresholds::{ErrorBound, FailurePolicy, GlobalThresholds, Placement, TaskThresholds, ThresholdPolicy};
 
 /// A position in a task's input: the next offset to read, and how many items the
@@ -684,6 +685,8 @@ impl TaskController {
             recent: self.recent,
             writer: self.writer,
             covers: covers_backup,
+            // The driver fills in the table of the state the marker covers.
+            sources: SourcePositions::default(),
         }));
     }
 

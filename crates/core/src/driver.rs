@@ -19,6 +19,7 @@ use super::error::CoreError;
 use super::operator::{Operator, ProcessError, Rejected};
 use super::prior_chain::PriorChain;
 use super::recovery::{BackupMarker, ChangelogState, RecoveryPlan};
+use super::sources::{SourcePosition, SourcePositions};
 
 /// What the driver needs from its surroundings. Every write is asynchronous: its
 /// outcome comes back later through [`TaskDriver::acknowledge`].
@@ -89,6 +90,28 @@ pub struct DriverStats {
     /// Batches in which the operator was not ready for input (it waited for a
     /// side input).
     pub operator_waits: u64,
+    /// Items skipped because their source position was applied already: an
+    /// upstream replay's outputs ([`crate::sources`]).
+    pub repeats: u64,
+}
+
+/// One input item as the driver takes it: its offset, where it came from if an
+/// upstream task said so ([`crate::sources`]), and the item.
+#[derive(Debug)]
+pub struct Item<'a, T> {
+    pub offset: u64,
+    pub source: Option<SourcePosition>,
+    pub input: &'a T,
+}
+
+impl<'a, T> From<(u64, &'a T)> for Item<'a, T> {
+    fn from((offset, input): (u64, &'a T)) -> Self {
+        Item {
+            offset,
+            source: None,
+            input,
+        }
+    }
 }
 
 /// Marker `seq` is reported: the last backup it covers.
@@ -121,6 +144,11 @@ pub struct TaskDriver<O: Operator> {
     rollback: Vec<BackupEntry>,
     /// Markers in flight and the last backup each covers.
     markers: VecDeque<(u64, u64)>,
+    /// The newest source positions applied ([`crate::sources`]).
+    sources: SourcePositions,
+    /// The table as each backup not yet behind a marker was taken, by
+    /// backup sequence: its marker carries it.
+    sources_at_backup: VecDeque<(u64, SourcePositions)>,
     outputs: Vec<O::Output>,
     stats: DriverStats,
     faults: DriverFaults,
@@ -182,6 +210,8 @@ impl<O: Operator> TaskDriver<O> {
             priors: PriorChain::new(),
             rollback,
             markers: VecDeque::new(),
+            sources: plan.sources.clone(),
+            sources_at_backup: VecDeque::new(),
             outputs: Vec::new(),
             stats: DriverStats::default(),
             faults: DriverFaults::default(),
@@ -202,6 +232,12 @@ impl<O: Operator> TaskDriver<O> {
 
     pub fn controller(&self) -> &TaskController {
         &self.controller
+    }
+
+    /// The newest source positions the state includes, at
+    /// `controller().processed()` (a local store keeps them with its offset).
+    pub fn sources(&self) -> &SourcePositions {
+        &self.sources
     }
 
     /// Stages the operator's state changes for its local store; the adapter
@@ -263,7 +299,8 @@ impl<O: Operator> TaskDriver<O> {
     /// anything of it durable (no store write, no commit).
     pub fn process<'a, I>(&mut self, items: I, now_ms: u64, io: &mut impl TaskIo<O::Output>) -> Result<usize, CoreError>
     where
-        I: IntoIterator<Item = (u64, &'a O::Input)>,
+        I: IntoIterator,
+        I::Item: Into<Item<'a, O::Input>>,
         O::Input: 'a,
     {
         let mut items = items.into_iter().peekable();
@@ -277,8 +314,14 @@ impl<O: Operator> TaskDriver<O> {
                 self.stats.operator_waits += 1;
                 break;
             }
-            let Some((offset, item)) = items.next() else { break };
-            self.process_one(offset, item, now_ms, io)?;
+            let Some(item) = items.next() else { break };
+            let Item { offset, source, input } = item.into();
+            if source.is_some_and(|position| !self.sources.advance(position)) {
+                self.stats.repeats += 1;
+                self.item_done(offset, 0, now_ms, io);
+            } else {
+                self.process_one(offset, input, now_ms, io)?;
+            }
             taken += 1;
         }
         self.end_run(io);
@@ -415,6 +458,7 @@ impl<O: Operator> TaskDriver<O> {
         for action in actions.drain(..) {
             match action {
                 Action::Backup { seq, scope } => {
+                    self.sources_at_backup.push_back((seq, self.sources.clone()));
                     let mut records = self.priors.batch(seq);
                     self.operator.backup(seq, scope, &mut records);
                     if self.faults.skip_backups {
@@ -445,7 +489,8 @@ impl<O: Operator> TaskDriver<O> {
                     }
                     self.operator.fail_backup(seq);
                 }
-                Action::Marker(marker) => {
+                Action::Marker(mut marker) => {
+                    marker.sources = self.sources_covered_by(marker.covers);
                     self.stats.markers += 1;
                     self.markers.push_back((marker.seq, marker.covers));
                     io.write_marker(&marker);
@@ -458,6 +503,19 @@ impl<O: Operator> TaskDriver<O> {
             }
         }
         self.actions = actions;
+    }
+
+    /// The source positions of the state a marker covering backup `covers`
+    /// logs: the table as that backup was taken; with no backup of this run
+    /// (a start marker), the table restored, which no item has moved yet.
+    fn sources_covered_by(&mut self, covers: u64) -> SourcePositions {
+        while self.sources_at_backup.front().is_some_and(|(seq, _)| *seq < covers) {
+            self.sources_at_backup.pop_front();
+        }
+        match self.sources_at_backup.front() {
+            Some((seq, sources)) if *seq == covers => sources.clone(),
+            _ => self.sources.clone(),
+        }
     }
 
     /// The held records of backup `seq` (the oldest, as backups go out in order).

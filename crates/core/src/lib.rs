@@ -5,6 +5,7 @@
 //! * [`thresholds`]: from global Θ, L, Γ to a task's θ, l, γ, with the bounds;
 //! * [`controller`]: when to back up, commit and stop taking input;
 //! * [`recovery`]: backup markers and the decision a starting task makes;
+//! * [`sources`]: source positions, so a chain's stage skips an upstream replay;
 //! * [`entry`]: the versioned encoding of backup entries;
 //! * [`batch`]: a backup's records, encoded once into one buffer;
 //! * [`logged`]: what a changelog record says besides its value (sequence, priors);
@@ -25,6 +26,7 @@ pub mod operator;
 pub mod operators;
 pub mod prior_chain;
 pub mod recovery;
+pub mod sources;
 pub mod structures;
 pub mod thresholds;
 pub mod workloads;
@@ -33,7 +35,7 @@ pub use batch::{BackupBatch, Record};
 pub use controller::{
     Action, Blocked, ControllerConfig, ControllerFaults, Position, TaskController, DEFAULT_MAX_BACKUPS_IN_FLIGHT,
 };
-pub use driver::{Ack, DriverFaults, DriverStats, TaskDriver, TaskIo};
+pub use driver::{Ack, DriverFaults, DriverStats, Item, TaskDriver, TaskIo};
 pub use entry::{BackupEntry, EntryBytes};
 pub use error::CoreError;
 pub use mode::{ExactInterval, Mode};
@@ -42,6 +44,7 @@ pub use recovery::{
     read_changelog, BackupMarker, ChangelogReader, ChangelogState, MarkedState, RecentFailures, RecoveryPlan, Restart,
     ResumeSource,
 };
+pub use sources::{source_identity, SourcePosition, SourcePositions};
 pub use structures::{
     KeyStore, MemoryKeyStore, Norm, StoredDrift, StoredSlot, Tracked, TrackedSet, TrackedTable, TrackedValue,
     TrackedVector,

@@ -17,6 +17,7 @@ use super::error::CoreError;
 use super::logged::LoggedValue;
 use super::mode::Mode;
 use super::operator::AnalysisConstants;
+use super::sources::SourcePositions;
 use rustc_hash::FxHashMap;
 
 use super::thresholds::{ErrorBound, FailurePolicy, TaskThresholds, RECENT_FAILURES};
@@ -64,7 +65,7 @@ impl RecentFailures {
 }
 
 /// What a backup covers. Written after the backup's entries.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct BackupMarker {
     /// The backup's sequence number in this task's run.
     pub seq: u64,
@@ -85,6 +86,9 @@ pub struct BackupMarker {
     /// later backups are restored as their priors ([`crate::logged`]).
     /// Markers written before priors existed cover every entry (`u64::MAX`).
     pub covers: u64,
+    /// The newest source position the covered state includes from each
+    /// upstream task ([`crate::sources`]); none before positions existed.
+    pub sources: SourcePositions,
 }
 
 impl BackupMarker {
@@ -112,6 +116,7 @@ impl BackupMarker {
         }
         body.extend_from_slice(&self.writer.to_le_bytes());
         body.extend_from_slice(&self.covers.to_le_bytes());
+        self.sources.encode_into(&mut body);
         BackupEntry::new(Self::key(), Some(versioned(&body)))
     }
 
@@ -141,6 +146,7 @@ impl BackupMarker {
             recent: RecentFailures::default(),
             writer: 0,
             covers: u64::MAX,
+            sources: SourcePositions::default(),
         };
         let count = usize::from(reader.u8()?);
         if count > RECENT_FAILURES {
@@ -153,13 +159,17 @@ impl BackupMarker {
         for _ in 0..count {
             marker.recent.push(reader.u64()?);
         }
-        // Markers written before local stores existed end here, and those
-        // written before priors existed after the writer.
+        // Markers written before local stores existed end here, those written
+        // before priors existed after the writer, and those written before
+        // source positions existed after the last backup they cover.
         if !reader.is_empty() {
             marker.writer = reader.u64()?;
         }
         if !reader.is_empty() {
             marker.covers = reader.u64()?;
+        }
+        if !reader.is_empty() {
+            marker.sources = SourcePositions::decode_from(&mut reader)?;
         }
         reader.finish()?;
         Ok(marker)
@@ -317,7 +327,7 @@ pub fn read_changelog<'a>(log: impl IntoIterator<Item = &'a BackupEntry>) -> Res
 }
 
 /// How a task starts.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RecoveryPlan {
     /// The input offset to resume from.
     pub resume_offset: u64,
@@ -336,6 +346,9 @@ pub struct RecoveryPlan {
     /// The sequence the task's backups and markers continue from: above every
     /// one its changelog holds ([`Restart::next_seq`]).
     pub next_seq: u64,
+    /// The newest source positions the resumed state includes
+    /// ([`crate::sources`]).
+    pub sources: SourcePositions,
 }
 
 /// Where a start position came from.
@@ -364,6 +377,7 @@ impl RecoveryPlan {
             recent: RecentFailures::default(),
             covers: 0,
             next_seq: 1,
+            sources: SourcePositions::default(),
         }
     }
 
@@ -406,6 +420,7 @@ impl RecoveryPlan {
                 recent: marker.recent,
                 covers: marker.covers,
                 next_seq: marker.seq.saturating_add(1),
+                sources: marker.sources.clone(),
             },
             (_, Some(marker)) => RecoveryPlan {
                 resume_offset: marker.input_offset,
@@ -420,6 +435,7 @@ impl RecoveryPlan {
                 },
                 covers: marker.covers,
                 next_seq: marker.seq.saturating_add(1),
+                sources: marker.sources.clone(),
             },
         }
     }
@@ -433,8 +449,13 @@ impl RecoveryPlan {
     /// `store_offset` that were not acknowledged at the crash may be lost: at
     /// most γ, and `largest_gamma` (γ at no failure, the largest any policy
     /// gives) bounds it. A restart after a clean stop at the store's offset is
-    /// no failure.
-    pub fn local(store_offset: u64, last_marker: Option<&BackupMarker>, largest_gamma: u64) -> Self {
+    /// no failure. `sources` are the positions the store keeps with its offset.
+    pub fn local(
+        store_offset: u64,
+        last_marker: Option<&BackupMarker>,
+        largest_gamma: u64,
+        sources: SourcePositions,
+    ) -> Self {
         let clean = last_marker.is_some_and(|m| m.clean && m.input_offset == store_offset);
         let (failures, recent) = match last_marker {
             Some(marker) => (marker.failures, marker.recent),
@@ -452,6 +473,7 @@ impl RecoveryPlan {
                 recent,
                 covers,
                 next_seq,
+                sources,
             };
         }
         let mut recent = recent;
@@ -468,6 +490,7 @@ impl RecoveryPlan {
             recent,
             covers,
             next_seq,
+            sources,
         }
     }
 }
@@ -475,10 +498,11 @@ impl RecoveryPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sources::SourcePosition;
 
     #[test]
     fn a_local_restart_is_exact_and_counts_as_a_failure_unless_clean() {
-        let crashed = RecoveryPlan::local(1500, Some(&marker(false)), 64);
+        let crashed = RecoveryPlan::local(1500, Some(&marker(false)), 64, SourcePositions::default());
         assert_eq!(crashed.resume_offset, 1500);
         assert_eq!(crashed.failures, 3);
         assert!(crashed.counted_failure);
@@ -491,16 +515,22 @@ mod tests {
         );
         assert_eq!(crashed.source, ResumeSource::LocalStore);
         assert_eq!(crashed.recent.as_slice(), &[1500]);
-        let stopped = RecoveryPlan::local(1000, Some(&marker(true)), 64);
+        let stopped = RecoveryPlan::local(1000, Some(&marker(true)), 64, SourcePositions::default());
         assert!(!stopped.counted_failure);
         assert_eq!(stopped.failures, 2);
         assert_eq!(stopped.introduced, ErrorBound::default());
-        let moved_on = RecoveryPlan::local(1200, Some(&marker(true)), 64);
+        let moved_on = RecoveryPlan::local(1200, Some(&marker(true)), 64, SourcePositions::default());
         assert!(
             moved_on.counted_failure,
             "items after the clean stop were processed, then a crash"
         );
-        assert_eq!(RecoveryPlan::local(0, None, 64).failures, 1);
+        assert_eq!(RecoveryPlan::local(0, None, 64, SourcePositions::default()).failures, 1);
+        let positions = marker(false).sources;
+        assert_eq!(
+            RecoveryPlan::local(5, Some(&marker(false)), 64, positions.clone()).sources,
+            positions,
+            "a local restart resumes with the store's positions"
+        );
     }
 
     fn marker(clean: bool) -> BackupMarker {
@@ -517,12 +547,52 @@ mod tests {
             recent: RecentFailures::default(),
             writer: 0xfeed_beef,
             covers: 6,
+            sources: {
+                let mut sources = SourcePositions::default();
+                sources.advance(SourcePosition {
+                    source: 11,
+                    offset: 400,
+                    index: 2,
+                });
+                sources.advance(SourcePosition {
+                    source: 3,
+                    offset: 90,
+                    index: 0,
+                });
+                sources
+            },
         }
+    }
+
+    #[test]
+    fn a_marker_carries_its_source_positions_to_the_plan() {
+        let plan = RecoveryPlan::decide(Mode::Approximate, Some(&marker(false)), None, 0, C);
+        assert_eq!(plan.sources, marker(false).sources);
+        assert_eq!(plan.sources.as_slice().len(), 2);
+        let clean = RecoveryPlan::decide(Mode::Approximate, Some(&marker(true)), None, 0, C);
+        assert_eq!(clean.sources, marker(true).sources);
+        let none = RecoveryPlan::decide(Mode::None, Some(&marker(false)), Some(5), 0, C);
+        assert!(
+            none.sources.is_empty(),
+            "mode none resumes from the commit, with no table"
+        );
     }
 
     #[test]
     fn older_markers_read_without_a_writer_or_what_they_cover() {
         let mut entry = marker(false).to_entry();
+        let value = entry.value.as_mut().unwrap();
+        let without_positions = value.len() - 4 - 2 * 20;
+        value.truncate(without_positions);
+        let decoded = BackupMarker::from_entry(&entry).unwrap();
+        assert_eq!(
+            BackupMarker {
+                sources: SourcePositions::default(),
+                ..marker(false)
+            },
+            decoded,
+            "written before source positions: an empty table"
+        );
         let value = entry.value.as_mut().unwrap();
         let shorter = value.len() - 8;
         value.truncate(shorter);
@@ -530,6 +600,7 @@ mod tests {
         assert_eq!(
             BackupMarker {
                 covers: u64::MAX,
+                sources: SourcePositions::default(),
                 ..marker(false)
             },
             decoded,
@@ -544,6 +615,7 @@ mod tests {
             BackupMarker {
                 writer: 0,
                 covers: u64::MAX,
+                sources: SourcePositions::default(),
                 ..marker(false)
             },
             decoded
@@ -636,7 +708,7 @@ mod tests {
             entry(b"c", Some(b"3")),
         ];
         let state = read_changelog(&log).unwrap();
-        assert_eq!(state.marker, Some(second));
+        assert_eq!(state.marker, Some(second.clone()));
         assert_eq!(state.records, 7);
         assert_eq!(state.entries, vec![entry(b"a", Some(b"2")), entry(b"c", Some(b"3"))]);
         // What compaction leaves of the same log reads the same.
@@ -743,7 +815,7 @@ mod tests {
         );
         let restart = marked.finish();
         assert_eq!(restart, read_changelog(&log).unwrap().restart);
-        let continued = plan.continuing(&restart);
+        let continued = plan.clone().continuing(&restart);
         assert_eq!(continued.next_seq, 5, "above backup 4");
         assert_eq!(plan.next_seq, 4, "the marker's own sequence + 1");
     }

@@ -46,7 +46,7 @@ fn markers(actions: &[Action]) -> Vec<BackupMarker> {
     actions
         .iter()
         .filter_map(|a| match a {
-            Action::Marker(marker) => Some(*marker),
+            Action::Marker(marker) => Some(marker.clone()),
             _ => None,
         })
         .collect()
@@ -317,12 +317,12 @@ fn a_failed_backup_is_issued_again_at_once() {
     let [(seq, _)] = backups(&actions)[..] else {
         panic!("{actions:?}")
     };
-    let failed_marker = markers(&actions)[0];
+    let failed_marker = markers(&actions)[0].clone();
     // A second backup in flight behind it, and a third taken but held back by
     // an output.
     one_item(&mut c, 1, 0, 12.0, 0, &mut actions);
     let (behind, _) = backups(&actions)[1];
-    let behind_marker = markers(&actions)[1];
+    let behind_marker = markers(&actions)[1].clone();
     one_item(&mut c, 2, 1, 0.0, 0, &mut actions);
     one_item(&mut c, 3, 0, 12.0, 0, &mut actions);
     let (held, _) = backups(&actions)[2];
@@ -374,7 +374,7 @@ fn a_failed_marker_is_covered_by_a_new_backup() {
     let mut actions = Vec::new();
     one_item(&mut c, 0, 0, 11.0, 0, &mut actions);
     let seq = backups(&actions)[0].0;
-    let marker = markers(&actions)[0];
+    let marker = markers(&actions)[0].clone();
     actions.clear();
     c.backup_written(seq, &mut actions);
     assert!(backups(&actions).is_empty(), "{actions:?}");
@@ -389,7 +389,7 @@ fn a_marker_that_fails_while_a_backup_is_open_waits_for_it() {
     let mut actions = Vec::new();
     one_item(&mut c, 0, 0, 11.0, 0, &mut actions);
     let first = backups(&actions)[0].0;
-    let marker = markers(&actions)[0];
+    let marker = markers(&actions)[0].clone();
     actions.clear();
     c.backup_written(first, &mut actions);
     one_item(&mut c, 1, 0, 11.0, 0, &mut actions);
@@ -499,7 +499,7 @@ fn a_clean_stop_takes_a_complete_backup_and_a_clean_marker() {
     let [(seq, BackupScope::Complete)] = backups(&actions)[..] else {
         panic!("{actions:?}")
     };
-    let marker = markers(&actions)[0];
+    let marker = markers(&actions)[0].clone();
     assert!(marker.clean);
     assert_eq!(marker.input_offset, 5);
     actions.clear();
@@ -573,11 +573,12 @@ fn a_recovery_writes_its_failure_count_before_taking_input() {
         recent: Default::default(),
         covers: 9,
         next_seq: 12,
+        sources: Default::default(),
     };
     let mut actions = Vec::new();
     let mut c = TaskController::start(config, &plan, false, 0, &mut actions).unwrap();
     assert_eq!(c.readiness(), Err(Blocked::StartMarker));
-    let [marker] = markers(&actions)[..] else {
+    let [marker] = &markers(&actions)[..] else {
         panic!("expected the start marker, got {actions:?}")
     };
     assert_eq!(marker.failures, 3);
@@ -591,7 +592,7 @@ fn a_recovery_writes_its_failure_count_before_taking_input() {
     assert_eq!(c.thresholds().theta, 100.0 / 16.0, "Θ/2^(k+1) with k = 3");
     actions.clear();
     c.marker_failed(marker.seq, &mut actions);
-    let [again] = markers(&actions)[..] else {
+    let [again] = &markers(&actions)[..] else {
         panic!("a failed start marker is sent again: {actions:?}")
     };
     c.marker_written(again.seq, &mut actions);
@@ -625,6 +626,7 @@ fn under_the_recovering_policy_thresholds_come_back_after_the_window() {
         },
         writer: 0,
         covers: 3,
+        sources: Default::default(),
     };
     let plan = RecoveryPlan::decide(Mode::Approximate, Some(&marker), None, 0, CONSTANTS);
     assert_eq!(plan.recent.as_slice(), &[10, 50]);
@@ -740,7 +742,7 @@ fn an_acknowledgement_of_a_marker_never_written_changes_nothing() {
     let config = config(Mode::Approximate, 100.0, 1000, 100);
     let mut actions = Vec::new();
     let mut c = TaskController::start(config, &RecoveryPlan::fresh(0), false, 0, &mut actions).unwrap();
-    let [start] = markers(&actions)[..] else {
+    let [start] = &markers(&actions)[..] else {
         panic!("expected the start marker, got {actions:?}")
     };
     actions.clear();
@@ -816,7 +818,7 @@ fn a_failed_exact_backup_is_written_again_complete_at_once() {
     );
     // Its entries land but its marker does not: a new complete backup again.
     let (seq, _) = backups(&actions)[0];
-    let marker = markers(&actions)[0];
+    let marker = markers(&actions)[0].clone();
     actions.clear();
     c.backup_written(seq, &mut actions);
     c.marker_failed(marker.seq, &mut actions);

@@ -2,14 +2,15 @@
 //! the operator rejects is read like an item, and whatever the adapter sends for
 //! it (a dead letter) is held like an output: no marker passes it unacknowledged.
 //! Also side inputs (a distributed worker's global model) and operators that
-//! wait for them.
+//! wait for them, and a chain stage skipping what an upstream replay sends
+//! again.
 
 use afstream_core::operators::{
     Consistency, DistributedSgdConfig, GlobalModel, LabeledVector, SgdWorker, WordCount, WordCountConfig,
 };
 use afstream_core::{
-    Ack, BackupBatch, BackupMarker, ControllerConfig, FailurePolicy, GlobalThresholds, Mode, Operator, Placement,
-    RecoveryPlan, Rejected, TaskDriver, TaskIo, ThresholdPolicy,
+    Ack, AnalysisConstants, BackupBatch, BackupMarker, ControllerConfig, FailurePolicy, GlobalThresholds, Item, Mode,
+    Operator, Placement, RecoveryPlan, Rejected, SourcePosition, TaskDriver, TaskIo, ThresholdPolicy,
 };
 
 /// Records what the driver asks for; every refused record gets one dead letter.
@@ -30,7 +31,7 @@ impl<Output> TaskIo<Output> for Recorder {
         self.backups.push(seq);
     }
     fn write_marker(&mut self, marker: &BackupMarker) {
-        self.markers.push(*marker);
+        self.markers.push(marker.clone());
     }
     fn commit(&mut self, offset: u64) {
         self.commits.push(offset);
@@ -41,17 +42,24 @@ impl<Output> TaskIo<Output> for Recorder {
     }
 }
 
-fn word_count_driver(io: &mut Recorder, max_uncovered: u64, max_unacked: u64) -> TaskDriver<WordCount> {
-    let operator = WordCount::new(WordCountConfig {
+fn word_count() -> WordCount {
+    WordCount::new(WordCountConfig {
         max_words_per_line: 3,
         ..WordCountConfig::default()
     })
-    .expect("a valid WordCount");
-    let constants = operator.constants();
+    .expect("a valid WordCount")
+}
+
+fn approximate(constants: AnalysisConstants, max_uncovered: u64, max_unacked: u64) -> ControllerConfig {
     let global = GlobalThresholds::new(1e9, max_uncovered, max_unacked).expect("valid thresholds");
     let policy = ThresholdPolicy::new(global, FailurePolicy::Halving, Placement::default(), true, constants)
         .expect("a valid policy");
-    let config = ControllerConfig::new(Mode::Approximate, policy, constants);
+    ControllerConfig::new(Mode::Approximate, policy, constants)
+}
+
+fn word_count_driver(io: &mut Recorder, max_uncovered: u64, max_unacked: u64) -> TaskDriver<WordCount> {
+    let operator = word_count();
+    let config = approximate(operator.constants(), max_uncovered, max_unacked);
     let mut driver =
         TaskDriver::start(config, operator, &RecoveryPlan::fresh(0), Vec::new(), 0, io).expect("a started driver");
     let start = io.markers.pop().expect("a start marker");
@@ -215,5 +223,91 @@ fn acknowledge_output_of<O: Operator>(driver: &mut TaskDriver<O>, io: &mut Recor
             count: 1,
         },
         io,
+    );
+}
+
+fn from_upstream(offset: u64, index: u32) -> SourcePosition {
+    SourcePosition {
+        source: 42,
+        offset,
+        index,
+    }
+}
+
+#[test]
+fn a_repeated_source_position_is_read_but_not_applied_and_a_marker_carries_the_table_of_its_state() {
+    let mut io = Recorder::default();
+    let mut driver = word_count_driver(&mut io, 8, 1_000);
+    let (a, b, c) = ("a".to_string(), "b".to_string(), "c".to_string());
+    let item = |offset, source, input| Item { offset, source, input };
+    // Upstream item 10 made "a" and "b"; its replay sends "a" again.
+    let taken = driver
+        .process(
+            [
+                item(0, Some(from_upstream(10, 0)), &a),
+                item(1, Some(from_upstream(10, 1)), &b),
+                item(2, Some(from_upstream(10, 0)), &a),
+            ],
+            0,
+            &mut io,
+        )
+        .expect("processed");
+    assert_eq!(taken, 3);
+    assert_eq!(driver.stats().repeats, 1);
+    assert_eq!(driver.controller().processed().offset, 3, "a repeat is read");
+    assert_eq!(
+        driver.operator().count("a").expect("a count"),
+        1.0,
+        "the replayed output is not counted again"
+    );
+    assert_eq!(driver.stats().backups, 1, "l = 4: a backup at the end of the run");
+    // The next item moves the table while that backup waits for its outputs.
+    assert_eq!(
+        driver
+            .process([item(3, Some(from_upstream(11, 0)), &c)], 0, &mut io)
+            .expect("processed"),
+        1
+    );
+    acknowledge_output_of(&mut driver, &mut io, 0);
+    acknowledge_output_of(&mut driver, &mut io, 1);
+    let marker = io.markers.last().expect("the backup's marker").clone();
+    assert_eq!(marker.input_offset, 3);
+    assert_eq!(
+        marker.sources.as_slice(),
+        &[from_upstream(10, 1)],
+        "the marker logs the table of the state it covers, not the live one"
+    );
+    assert_eq!(driver.sources().as_slice(), &[from_upstream(11, 0)]);
+
+    // A recovery from that marker resumes with its table: the replay of
+    // upstream item 10 is skipped, item 11 (past the marker) applies.
+    let operator = word_count();
+    let config = approximate(operator.constants(), 8, 1_000);
+    let plan = RecoveryPlan::decide(Mode::Approximate, Some(&marker), None, 0, operator.constants());
+    let mut io = Recorder::default();
+    let mut recovered = TaskDriver::start(config, operator, &plan, Vec::new(), 0, &mut io).expect("started");
+    let start = io.markers.pop().expect("a start marker");
+    assert_eq!(
+        start.sources, marker.sources,
+        "the start marker logs the table restored"
+    );
+    recovered.acknowledge(Ack::MarkerWritten(start.seq), &mut io);
+    recovered
+        .process(
+            [
+                item(3, Some(from_upstream(10, 1)), &b),
+                item(4, Some(from_upstream(11, 0)), &c),
+                item(5, None, &c),
+            ],
+            0,
+            &mut io,
+        )
+        .expect("processed");
+    assert_eq!(recovered.stats().repeats, 1);
+    assert_eq!(recovered.operator().count("b").expect("a count"), 0.0, "b was skipped");
+    assert_eq!(
+        recovered.operator().count("c").expect("a count"),
+        2.0,
+        "new positions and unpositioned items apply"
     );
 }

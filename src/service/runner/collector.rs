@@ -12,7 +12,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::core::{Ack, BackupBatch, BackupEntry, BackupMarker, Rejected, TaskIo};
+use crate::core::{source_identity, Ack, BackupBatch, BackupEntry, BackupMarker, Rejected, SourcePosition, TaskIo};
 use crate::service::codec::ServiceOperator;
 use crate::service::kafka::{Delivery, DeliveryEvent, DeliveryReports, FailedRecord};
 
@@ -20,7 +20,7 @@ use super::input::RawRecords;
 use super::task::Task;
 use super::{
     Shared, DEAD_LETTER_OFFSET_HEADER, DEAD_LETTER_PARTITION_HEADER, DEAD_LETTER_REASON_HEADER,
-    DEAD_LETTER_TOPIC_HEADER,
+    DEAD_LETTER_TOPIC_HEADER, SOURCE_POSITION_HEADER,
 };
 
 /// Deliveries still owed for a backup in flight.
@@ -58,6 +58,44 @@ pub(super) struct Flight {
     pub(super) dead_letters_in_flight: usize,
     pub(super) retry: RetryBackoff,
     pub(super) markers: MarkerRoundTrips,
+    pub(super) positions: OutputPositions,
+}
+
+/// Numbers a task's outputs with their source positions
+/// ([`crate::core::sources`]), so a downstream stage skips those a replay
+/// sends again. The driver sends an item's outputs one after another.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct OutputPositions {
+    source: u64,
+    last: Option<SourcePosition>,
+}
+
+impl OutputPositions {
+    /// The task of `group` on partition `partition` of `input`: the identity
+    /// stays the same across restarts, and changes with the group or topic
+    /// (a new group starts its input over, see [`crate::core::sources`]).
+    pub(super) fn new(group: &str, input: &str, partition: i32) -> Self {
+        let name = format!("{group}\0{input}\0{partition}");
+        OutputPositions {
+            source: source_identity(name.as_bytes()),
+            last: None,
+        }
+    }
+
+    /// The position of the next output of the item at `offset`.
+    pub(super) fn next(&mut self, offset: u64) -> SourcePosition {
+        let index = match self.last {
+            Some(last) if last.offset == offset => last.index.saturating_add(1),
+            _ => 0,
+        };
+        let position = SourcePosition {
+            source: self.source,
+            offset,
+            index,
+        };
+        self.last = Some(position);
+        position
+    }
 }
 
 /// How long markers take from the producer to their acknowledgement: a
@@ -320,8 +358,14 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
             partition: self.partition,
             offset: item_offset,
         };
-        let mut record =
-            BaseRecord::with_opaque_to(&self.shared.topics.output, delivery.pack()).payload(self.value.as_slice());
+        let position = self.flight.positions.next(item_offset).encode();
+        let headers = OwnedHeaders::new_with_capacity(1).insert(Header {
+            key: SOURCE_POSITION_HEADER,
+            value: Some(position.as_bytes()),
+        });
+        let mut record = BaseRecord::with_opaque_to(&self.shared.topics.output, delivery.pack())
+            .payload(self.value.as_slice())
+            .headers(headers);
         if keyed {
             record = record.key(self.key.as_slice());
         }
@@ -435,6 +479,26 @@ mod tests {
     use super::*;
     use crate::service::kafka::is_permanent;
     use rdkafka::error::RDKafkaErrorCode;
+
+    #[test]
+    fn an_items_outputs_are_numbered_from_zero_and_tasks_have_their_own_source() {
+        let mut positions = OutputPositions::new("g", "lines", 0);
+        let numbered: Vec<(u64, u32)> = [7, 7, 7, 9, 12, 12]
+            .into_iter()
+            .map(|offset| positions.next(offset))
+            .map(|p| (p.offset, p.index))
+            .collect();
+        assert_eq!(numbered, [(7, 0), (7, 1), (7, 2), (9, 0), (12, 0), (12, 1)]);
+        let source = positions.next(13).source;
+        assert_eq!(OutputPositions::new("g", "lines", 0).next(0).source, source, "stable");
+        for other in [
+            OutputPositions::new("g", "lines", 1),
+            OutputPositions::new("h", "lines", 0),
+            OutputPositions::new("g", "words", 0),
+        ] {
+            assert_ne!(other.clone().next(0).source, source);
+        }
+    }
 
     #[test]
     fn backups_in_flight_are_reported_in_the_order_written() {

@@ -193,6 +193,7 @@ impl GroupContext {
                     meta.next_offset,
                     marker.as_ref(),
                     self.controller.policy.for_failures(0).outputs,
+                    meta.sources.clone(),
                 ),
                 _ => RecoveryPlan::decide(
                     self.controller.mode,

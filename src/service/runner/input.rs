@@ -1,9 +1,28 @@
 //! A task's input batch: records polled from its partition queue, decoded
-//! into the operator's items, with the records that did not decode kept
-//! for the dead-letter topic.
+//! into the operator's items with their source positions, with the records
+//! that did not decode kept for the dead-letter topic.
 
-use crate::core::Rejected;
+use rdkafka::message::{Headers, Message};
+
+use crate::core::{Item, Rejected, SourcePosition};
 use crate::service::codec::{Codec, ServiceOperator};
+
+use super::SOURCE_POSITION_HEADER;
+
+/// The source position an upstream task put on a record, if any. A header
+/// that does not read is ignored: the record applies as one without a
+/// position would.
+fn source_position(message: &impl Message) -> Option<SourcePosition> {
+    let headers = message.headers()?;
+    let header = headers.iter().find(|header| header.key == SOURCE_POSITION_HEADER)?;
+    match SourcePosition::decode(header.value?) {
+        Ok(position) => Some(position),
+        Err(error) => {
+            tracing::debug!(offset = message.offset(), %error, "an unreadable source position is ignored");
+            None
+        }
+    }
+}
 
 /// Where one record of a batch lies in its byte buffer.
 #[derive(Clone, Copy, Debug)]
@@ -47,6 +66,7 @@ impl<'a> RawRecords<'a> {
 pub(super) struct InputBatch<O: ServiceOperator> {
     pub(super) inputs: Vec<O::Input>,
     pub(super) offsets: Vec<u64>,
+    pub(super) sources: Vec<Option<SourcePosition>>,
     pub(super) spans: Vec<RawSpan>,
     pub(super) bytes: Vec<u8>,
     /// The slots whose record did not decode, in order, with the reason;
@@ -65,6 +85,7 @@ impl<O: ServiceOperator> InputBatch<O> {
         InputBatch {
             inputs: Vec::new(),
             offsets: Vec::new(),
+            sources: Vec::new(),
             spans: Vec::new(),
             bytes: Vec::new(),
             undecoded: Vec::new(),
@@ -87,7 +108,9 @@ impl<O: ServiceOperator> InputBatch<O> {
 
     /// Adds a record to the batch; one that does not decode keeps its slot, to
     /// be refused in its turn.
-    pub(super) fn accept(&mut self, codec: &Codec, offset: u64, key: Option<&[u8]>, value: Option<&[u8]>) {
+    pub(super) fn accept(&mut self, codec: &Codec, message: &impl Message) {
+        let offset = message.offset().max(0) as u64;
+        let (key, value) = (message.key(), message.payload());
         if offset < self.next_offset {
             return; // Already taken (a record fetched before the queue was split).
         }
@@ -95,8 +118,10 @@ impl<O: ServiceOperator> InputBatch<O> {
         if self.filled == self.inputs.len() {
             self.inputs.push(O::empty_input());
             self.offsets.push(0);
+            self.sources.push(None);
         }
         self.offsets[self.filled] = offset;
+        self.sources[self.filled] = source_position(message);
         let mut keep = |part: Option<&[u8]>| {
             part.map(|part| {
                 let start = self.bytes.len();
@@ -115,6 +140,15 @@ impl<O: ServiceOperator> InputBatch<O> {
                 .push((self.filled, Rejected(format!("does not decode: {reason}"))));
         }
         self.filled += 1;
+    }
+
+    /// The decoded items of slots `from..to`, as the driver takes them.
+    pub(super) fn items(&self, from: usize, to: usize) -> impl Iterator<Item = Item<'_, O::Input>> {
+        (from..to).map(|slot| Item {
+            offset: self.offsets[slot],
+            source: self.sources[slot],
+            input: &self.inputs[slot],
+        })
     }
 
     pub(super) fn is_drained(&self) -> bool {

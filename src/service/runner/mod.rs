@@ -82,6 +82,9 @@ pub const DEAD_LETTER_TOPIC_HEADER: &str = "afstream.source.topic";
 pub const DEAD_LETTER_PARTITION_HEADER: &str = "afstream.source.partition";
 pub const DEAD_LETTER_OFFSET_HEADER: &str = "afstream.source.offset";
 pub const DEAD_LETTER_REASON_HEADER: &str = "afstream.reason";
+/// The header of an output that names its source position, so a downstream
+/// stage skips what an upstream replay sends again (`crate::core::sources`).
+pub const SOURCE_POSITION_HEADER: &str = "afstream.position";
 /// How long a revocation waits for the records in flight to be delivered.
 const REVOKE_FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a clean stop may take before the process gives up on it.
@@ -536,12 +539,7 @@ pub fn run_pipeline<O: ServiceOperator>(
             // task's seek made librdkafka drop those; any left is taken if new).
             Some(Ok(message)) => {
                 if let Some(task) = tasks.get_mut(&message.partition()) {
-                    task.batch.accept(
-                        shared.codec,
-                        message.offset().max(0) as u64,
-                        message.key(),
-                        message.payload(),
-                    );
+                    task.batch.accept(shared.codec, &message);
                 }
                 worked = true;
             }
@@ -669,6 +667,7 @@ pub fn run_pipeline<O: ServiceOperator>(
             marker_round_trip_ms = task.flight.markers.mean().map_or(0.0, |d| d.as_secs_f64() * 1e3),
             rejected = stats.rejected,
             undecodable = task.batch.undecodable,
+            repeats_skipped = stats.repeats,
             "task stopped cleanly"
         );
     }

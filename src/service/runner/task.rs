@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, Producer};
 
 use crate::core::{
@@ -19,7 +18,7 @@ use crate::service::metrics::{TaskMetrics, TaskPosition};
 use crate::service::store::{StoreMeta, TaskStore};
 use crate::service::ServiceError;
 
-use super::collector::{is_queue_full, send, send_failure, send_to_changelog, Flight, KafkaIo};
+use super::collector::{is_queue_full, send, send_failure, send_to_changelog, Flight, KafkaIo, OutputPositions};
 use super::faults::injected_restore_failure;
 #[cfg(feature = "fault-injection")]
 use super::faults::{FAULT_SKIP_BACKUPS, FAULT_SLOW_TASK_START_MS};
@@ -234,7 +233,10 @@ impl<O: ServiceOperator> Task<O> {
         if controller.mode != Mode::None && plan.source == ResumeSource::Committed {
             report_lost_state(shared, partition, plan.resume_offset);
         }
-        let mut flight = Flight::default();
+        let mut flight = Flight {
+            positions: OutputPositions::new(&shared.group, &shared.topics.input, partition),
+            ..Flight::default()
+        };
         let (mut key, mut value) = (Vec::new(), Vec::new());
         let mut io = Self::io(shared, partition, &mut flight, &mut key, &mut value, RawRecords::NONE);
         #[allow(unused_mut)]
@@ -345,6 +347,9 @@ impl<O: ServiceOperator> Task<O> {
         if let Some((store, meta)) = &mut self.store {
             self.driver.stage_state();
             meta.next_offset = self.driver.controller().processed().offset;
+            if meta.sources != *self.driver.sources() {
+                meta.sources.clone_from(self.driver.sources());
+            }
             if let Err(error) = store.write(meta) {
                 self.flight.fatal.get_or_insert(error.to_string());
                 return true;
@@ -520,8 +525,7 @@ impl<O: ServiceOperator> Task<O> {
             while batch.filled < POLL_BATCH {
                 match self.queue.poll(Duration::ZERO) {
                     Some(Ok(message)) => {
-                        let offset = message.offset().max(0) as u64;
-                        batch.accept(shared.codec, offset, message.key(), message.payload());
+                        batch.accept(shared.codec, &message);
                         worked = true;
                     }
                     Some(Err(error)) => {
@@ -553,11 +557,7 @@ impl<O: ServiceOperator> Task<O> {
             let refused = batch.undecoded.get(batch.next_undecoded);
             let run_end = refused.map_or(batch.filled, |(slot, _)| *slot);
             let taken = if batch.taken < run_end {
-                let items = batch.offsets[batch.taken..run_end]
-                    .iter()
-                    .copied()
-                    .zip(&batch.inputs[batch.taken..run_end]);
-                match self.driver.process(items, now_ms, &mut io) {
+                match self.driver.process(batch.items(batch.taken, run_end), now_ms, &mut io) {
                     Ok(taken) => taken,
                     Err(error) => {
                         io.flight
