@@ -95,7 +95,7 @@ fn ingest(operator: WordCount, lines: &[String], store: Option<&TaskStore>) -> (
     engine.run(lines, |driver| {
         if let Some(store) = store {
             driver.stage_state();
-            meta.next_offset = driver.controller().processed().offset;
+            driver.checkpoint(&mut meta.checkpoint);
             store.write(&meta).expect("store write");
             driver.state_durable();
         }

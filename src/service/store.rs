@@ -7,7 +7,7 @@
 //! | key | value |
 //! | --- | --- |
 //! | `\0meta` | version, store identity, next input offset, boot id |
-//! | `\0sources` | version, the newest source positions the state includes (`crate::core::sources`) |
+//! | `\0checkpoint` | version, the next backup sequence, the newest source positions the state includes, and what a crash now leaves uncertain in the changelog (`crate::core::StoreCheckpoint`) |
 //! | `r` tag key | version, live value, and while it drifts its backed value and presence |
 //! | `d` tag key | empty: the index of drifted keys a restart reloads |
 //!
@@ -24,12 +24,12 @@ use rocksdb::{BlockBasedIndexType, BlockBasedOptions, Cache, Direction, Iterator
 use super::ServiceError;
 use crate::core::entry::PayloadReader;
 use crate::core::structures::RecordVisitor;
-use crate::core::{CoreError, KeyStore, SourcePositions, StoredDrift, StoredSlot};
+use crate::core::{CoreError, CrashPriors, KeyStore, SourcePositions, StoreCheckpoint, StoredDrift, StoredSlot};
 
 /// The layout version this build writes and reads.
 const STORE_VERSION: u8 = 1;
 const META_KEY: &[u8] = b"\0meta";
-const SOURCES_KEY: &[u8] = b"\0sources";
+const CHECKPOINT_KEY: &[u8] = b"\0checkpoint";
 const RECORD: u8 = b'r';
 const DRIFTED: u8 = b'd';
 
@@ -39,13 +39,11 @@ pub struct StoreMeta {
     /// Stamped on the task's changelog markers: a restart trusts this store only
     /// if the changelog's last marker is its own.
     pub store_id: u64,
-    /// The state is exact after every input item before this offset.
-    pub next_offset: u64,
     /// The machine's boot id at the last write (empty where unknown).
     pub boot_id: String,
-    /// The newest source positions the state includes at `next_offset`
-    /// (kept under their own key; stores written before them have none).
-    pub sources: SourcePositions,
+    /// Where the state is exact (every input item before
+    /// `checkpoint.next_offset`), and what the changelog may hold then.
+    pub checkpoint: StoreCheckpoint,
 }
 
 impl StoreMeta {
@@ -53,7 +51,7 @@ impl StoreMeta {
         let mut out = Vec::with_capacity(18 + self.boot_id.len());
         out.push(STORE_VERSION);
         out.extend_from_slice(&self.store_id.to_le_bytes());
-        out.extend_from_slice(&self.next_offset.to_le_bytes());
+        out.extend_from_slice(&self.checkpoint.next_offset.to_le_bytes());
         out.extend_from_slice(self.boot_id.as_bytes());
         out
     }
@@ -71,30 +69,46 @@ impl StoreMeta {
         let boot_id = String::from_utf8(body[16..].to_vec()).map_err(|e| format!("boot id: {e}"))?;
         Ok(StoreMeta {
             store_id,
-            next_offset,
             boot_id,
-            sources: SourcePositions::default(),
+            checkpoint: StoreCheckpoint {
+                next_offset,
+                ..StoreCheckpoint::default()
+            },
         })
     }
 
-    fn encode_sources(&self) -> Vec<u8> {
+    /// The checkpoint besides its offset (which the meta record holds).
+    fn encode_checkpoint(&self) -> Vec<u8> {
         let mut out = vec![STORE_VERSION];
-        self.sources.encode_into(&mut out);
+        out.extend_from_slice(&self.checkpoint.next_seq.to_le_bytes());
+        self.checkpoint.sources.encode_into(&mut out);
+        self.checkpoint.priors.encode_into(&mut out);
         out
     }
 
-    fn decode_sources(bytes: &[u8]) -> Result<SourcePositions, String> {
-        let (&version, body) = bytes.split_first().ok_or("an empty source positions record")?;
+    /// Reads the rest of the checkpoint back. A store written before it
+    /// existed has none: no source positions, and nothing it knew uncertain.
+    fn decode_checkpoint(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let (&version, body) = bytes.split_first().ok_or("an empty checkpoint record")?;
         if version != STORE_VERSION {
             return Err(format!(
-                "source positions written with store layout version {version}; this build reads version \
-                 {STORE_VERSION}"
+                "a checkpoint written with store layout version {version}; this build reads version {STORE_VERSION}"
             ));
         }
-        let mut reader = PayloadReader::new(body, "store source positions");
-        let sources = SourcePositions::decode_from(&mut reader).map_err(|e| e.to_string())?;
+        let mut reader = PayloadReader::new(body, "store checkpoint");
+        let read = |reader: &mut PayloadReader<'_>| -> Result<(u64, SourcePositions, CrashPriors), CoreError> {
+            Ok((
+                reader.u64()?,
+                SourcePositions::decode_from(reader)?,
+                CrashPriors::decode_from(reader)?,
+            ))
+        };
+        let (next_seq, sources, priors) = read(&mut reader).map_err(|e| e.to_string())?;
         reader.finish().map_err(|e| e.to_string())?;
-        Ok(sources)
+        self.checkpoint.next_seq = next_seq;
+        self.checkpoint.sources = sources;
+        self.checkpoint.priors = priors;
+        Ok(())
     }
 
     /// Whether writes acknowledged before a crash are all still here: the machine
@@ -189,11 +203,12 @@ impl TaskStore {
             .transpose()
             .map_err(|reason| store_error(path, reason))?;
         if let Some(meta) = &mut meta {
-            let sources = db
-                .get_pinned(SOURCES_KEY)
-                .map_err(|e| store_error(path, format!("reading its source positions: {e}")))?;
-            if let Some(bytes) = sources {
-                meta.sources = StoreMeta::decode_sources(&bytes).map_err(|reason| store_error(path, reason))?;
+            let checkpoint = db
+                .get_pinned(CHECKPOINT_KEY)
+                .map_err(|e| store_error(path, format!("reading its checkpoint: {e}")))?;
+            if let Some(bytes) = checkpoint {
+                meta.decode_checkpoint(&bytes)
+                    .map_err(|reason| store_error(path, reason))?;
             }
         }
         let store = TaskStore {
@@ -238,7 +253,7 @@ impl TaskStore {
         let mut inner = self.lock();
         let mut batch = std::mem::take(&mut inner.batch);
         batch.put(META_KEY, meta.encode());
-        batch.put(SOURCES_KEY, meta.encode_sources());
+        batch.put(CHECKPOINT_KEY, meta.encode_checkpoint());
         inner
             .db
             .write(batch)
@@ -249,9 +264,11 @@ impl TaskStore {
     pub fn new_meta(next_offset: u64) -> StoreMeta {
         StoreMeta {
             store_id: rand::random::<u64>() | 1,
-            next_offset,
             boot_id: boot_id(),
-            sources: SourcePositions::default(),
+            checkpoint: StoreCheckpoint {
+                next_offset,
+                ..StoreCheckpoint::default()
+            },
         }
     }
 }
@@ -401,7 +418,7 @@ mod tests {
     }
 
     #[test]
-    fn a_table_on_rocksdb_survives_a_reopen_with_its_drift_and_source_positions() {
+    fn a_table_on_rocksdb_survives_a_reopen_with_its_drift_and_checkpoint() {
         let dir = temp_dir("reopen");
         let (store, meta) = TaskStore::open(&dir, BUDGET).unwrap();
         assert!(meta.is_none(), "a new store");
@@ -420,8 +437,12 @@ mod tests {
             index: 3,
         });
         let meta = StoreMeta {
-            next_offset: 100,
-            sources,
+            checkpoint: StoreCheckpoint {
+                next_offset: 100,
+                next_seq: 17,
+                sources,
+                priors: CrashPriors::default(),
+            },
             ..TaskStore::new_meta(0)
         };
         store.write(&meta).unwrap();

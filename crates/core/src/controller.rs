@@ -868,6 +868,11 @@ impl TaskController {
         self.processed
     }
 
+    /// Above every backup and marker sequence handed out so far.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
     /// The position the last acknowledged marker covers: the recovery point.
     pub fn marked(&self) -> Position {
         self.marked

@@ -16,9 +16,9 @@ use super::batch::BackupBatch;
 use super::controller::{Action, Blocked, ControllerConfig, TaskController};
 use super::entry::BackupEntry;
 use super::error::CoreError;
-use super::operator::{Operator, ProcessError, Rejected};
+use super::operator::{BackupScope, Operator, ProcessError, Rejected};
 use super::prior_chain::PriorChain;
-use super::recovery::{BackupMarker, ChangelogState, RecoveryPlan};
+use super::recovery::{BackupMarker, ChangelogState, RecoveryPlan, ResumeSource, StoreCheckpoint};
 use super::sources::{SourcePosition, SourcePositions};
 
 /// What the driver needs from its surroundings. Every write is asynchronous: its
@@ -142,8 +142,14 @@ pub struct TaskDriver<O: Operator> {
     /// The keys a recovery restored from priors, written before the start
     /// marker (kept until it is acknowledged, in case they must go again).
     rollback: Vec<BackupEntry>,
+    /// Restarted on a local store: the keys it reloaded drifted are owed to
+    /// the changelog before the start marker (until it is acknowledged).
+    owes_store_drift: bool,
     /// Markers in flight and the last backup each covers.
     markers: VecDeque<(u64, u64)>,
+    /// Whether the backups taken, sent or settled changed since the last
+    /// [`Self::checkpoint`] (its crash view is then out of date).
+    priors_changed: bool,
     /// The newest source positions applied ([`crate::sources`]).
     sources: SourcePositions,
     /// The table as each backup not yet behind a marker was taken, by
@@ -195,20 +201,32 @@ impl<O: Operator> TaskDriver<O> {
         io: &mut impl TaskIo<O::Output>,
     ) -> Result<Self, CoreError> {
         let mut actions = Vec::new();
-        let rollback = if config.mode == crate::mode::Mode::None {
-            Vec::new()
-        } else {
-            rollback
-        };
-        let controller = TaskController::start(config, plan, !rollback.is_empty(), now_ms, &mut actions)?;
+        let backs_up = config.mode != crate::mode::Mode::None;
+        let rollback = if backs_up { rollback } else { Vec::new() };
+        // The start marker moves the recovery point to the store's offset, so
+        // the changelog must first hold the state there within θ: the keys the
+        // store says drifted (those a crashed backup may not have written
+        // included) go out ahead of it. Otherwise a loss of the store before
+        // the next backup restores an older state at the store's offset.
+        let owes_store_drift = backs_up && plan.source == ResumeSource::LocalStore;
+        let write_first = !rollback.is_empty() || owes_store_drift;
+        let controller = TaskController::start(config, plan, write_first, now_ms, &mut actions)?;
         operator.set_theta(controller.operator_theta());
         let mut driver = TaskDriver {
             operator,
             controller,
             actions,
             held: VecDeque::new(),
-            priors: PriorChain::new(),
+            // A restart on a local store writes on the changelog its crashed
+            // run wrote: with what that crash left uncertain.
+            priors: if plan.source == ResumeSource::LocalStore {
+                PriorChain::resumed(plan.priors.clone())
+            } else {
+                PriorChain::new()
+            },
+            priors_changed: true,
             rollback,
+            owes_store_drift,
             markers: VecDeque::new(),
             sources: plan.sources.clone(),
             sources_at_backup: VecDeque::new(),
@@ -235,9 +253,24 @@ impl<O: Operator> TaskDriver<O> {
     }
 
     /// The newest source positions the state includes, at
-    /// `controller().processed()` (a local store keeps them with its offset).
+    /// `controller().processed()`.
     pub fn sources(&self) -> &SourcePositions {
         &self.sources
+    }
+
+    /// What a local store keeps with the state it writes now
+    /// ([`StoreCheckpoint`]): call after [`Self::stage_state`], before the
+    /// changelog records handed out so far are sent.
+    pub fn checkpoint(&mut self, checkpoint: &mut StoreCheckpoint) {
+        checkpoint.next_offset = self.controller.processed().offset;
+        checkpoint.next_seq = self.controller.next_seq();
+        if checkpoint.sources != self.sources {
+            checkpoint.sources.clone_from(&self.sources);
+        }
+        if self.priors_changed {
+            checkpoint.priors = self.priors.crash_view(self.held.iter());
+            self.priors_changed = false;
+        }
     }
 
     /// Stages the operator's state changes for its local store; the adapter
@@ -400,6 +433,7 @@ impl<O: Operator> TaskDriver<O> {
 
     /// Delivers one acknowledgement.
     pub fn acknowledge(&mut self, ack: Ack, io: &mut impl TaskIo<O::Output>) {
+        self.priors_changed |= !matches!(ack, Ack::Output { .. });
         let actions = &mut self.actions;
         match ack {
             Ack::Output { item_offset, count } => self.controller.outputs_acknowledged(item_offset, count, actions),
@@ -418,8 +452,9 @@ impl<O: Operator> TaskDriver<O> {
                     self.priors.covered(covers);
                 }
                 self.controller.marker_written(seq, actions);
-                if !self.rollback.is_empty() && !self.controller.is_starting() {
+                if !self.controller.is_starting() {
                     self.rollback = Vec::new();
+                    self.owes_store_drift = false;
                 }
             }
             Ack::MarkerFailed(seq) => {
@@ -455,6 +490,7 @@ impl<O: Operator> TaskDriver<O> {
     fn execute(&mut self, io: &mut impl TaskIo<O::Output>) {
         // An action may not add actions of its own here, so a plain drain works.
         let mut actions = std::mem::take(&mut self.actions);
+        self.priors_changed |= !actions.is_empty();
         for action in actions.drain(..) {
             match action {
                 Action::Backup { seq, scope } => {
@@ -478,6 +514,9 @@ impl<O: Operator> TaskDriver<O> {
                     // Each key at the value restored, which is also what the
                     // log held at the marker: its certain prior.
                     let mut records = self.priors.batch(seq);
+                    if self.owes_store_drift {
+                        self.operator.backup(seq, BackupScope::Owed, &mut records);
+                    }
                     for entry in &self.rollback {
                         records.push_encoded(&entry.key, entry.value.as_deref(), entry.value.as_deref());
                     }

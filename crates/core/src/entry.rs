@@ -136,6 +136,19 @@ impl<'a> PayloadReader<'a> {
         Ok(self.take::<1>()?[0])
     }
 
+    /// The next `len` bytes.
+    pub fn bytes(&mut self, len: usize) -> Result<&'a [u8], CoreError> {
+        if self.bytes.len() < len {
+            return Err(CoreError::undecodable(
+                self.what,
+                format!("truncated: needed {len} more bytes, {} left", self.bytes.len()),
+            ));
+        }
+        let (head, rest) = self.bytes.split_at(len);
+        self.bytes = rest;
+        Ok(head)
+    }
+
     pub fn u32(&mut self) -> Result<u32, CoreError> {
         Ok(u32::from_le_bytes(self.take()?))
     }

@@ -12,6 +12,15 @@
 //! the state lost in the crash: θ of each failure since, whatever l. The bound
 //! it checks is computed here, from Θ and the failure count, not taken from
 //! the controller.
+//!
+//! A task may also keep its state in a local store ([`SimulatedTask::on_local_store`]):
+//! written after every poll batch and every round of acknowledgements, before
+//! the changelog records handed out since go to the broker (as the service
+//! does). A crash then restarts it on its store where the service would (the
+//! changelog's last marker is the store's own), or loses the store with the
+//! machine and recovers from the changelog. A restart on the store must catch
+//! up to exactly the lost state, lose at most γ outputs, and leave the
+//! changelog such that a later loss of the store stays within θ.
 
 use std::collections::VecDeque;
 
@@ -26,7 +35,8 @@ use super::entry::BackupEntry;
 use super::error::CoreError;
 use super::mode::Mode;
 use super::operator::Operator;
-use super::recovery::{read_changelog, BackupMarker, ResumeSource};
+use super::recovery::{read_changelog, BackupMarker, ChangelogState, RecoveryPlan, ResumeSource, StoreCheckpoint};
+use super::structures::{KeyStore, MemoryKeyStore};
 use super::thresholds::FailurePolicy;
 
 /// How a simulated run goes wrong.
@@ -54,6 +64,9 @@ pub struct SimulationOptions {
     pub driver_faults: DriverFaults,
     /// Float slack for the bound checks, relative to the bound.
     pub tolerance: f64,
+    /// With a local store: the probability that a crash keeps it (the process
+    /// died, the machine did not).
+    pub local_restarts: f64,
 }
 
 impl Default for SimulationOptions {
@@ -69,6 +82,7 @@ impl Default for SimulationOptions {
             drop_backups: false,
             driver_faults: DriverFaults::default(),
             tolerance: 1e-9,
+            local_restarts: 0.0,
         }
     }
 }
@@ -81,6 +95,8 @@ pub enum Violation {
     StateBound { crash: usize, observed: f64, bound: f64 },
     /// An output of an item before the recovery point never reached the sink.
     LostOutput { crash: usize, item_offset: u64 },
+    /// A restart on the local store lost more outputs than γ.
+    LostOutputs { crash: usize, lost: u64, bound: u64 },
     /// More outputs will be repeated than β per replayed item.
     RepeatedOutputs { crash: usize, repeated: u64, bound: u64 },
     /// A recovery restored something else than the state logged at the last
@@ -166,6 +182,10 @@ pub(crate) struct SimBroker<Out> {
     /// A write failed and the task has not heard of it yet: what it sends
     /// meanwhile fails too (the changelog is gapless: its producer stops).
     failing: bool,
+    /// Changelog writes wait in `held` until the task's local store is
+    /// written ([`SimBroker::release`]).
+    holding: bool,
+    held: Vec<Write>,
 }
 
 impl<Out> SimBroker<Out> {
@@ -186,6 +206,43 @@ impl<Out> SimBroker<Out> {
             changelog_records: 0,
             acks: Vec::new(),
             failing: false,
+            holding: false,
+            held: Vec::new(),
+        }
+    }
+
+    /// Sends the changelog writes held for the store's write, in order.
+    fn release(&mut self) {
+        for write in std::mem::take(&mut self.held) {
+            self.send(write);
+        }
+    }
+
+    fn send(&mut self, write: Write) {
+        if self.fails_at_once(&write) {
+            return;
+        }
+        let at = self.due().max(self.writes.back().map_or(0, |w| w.at));
+        self.writes.push_back(Due { at, what: write });
+    }
+
+    /// A write while a failure's report is on its way fails at once.
+    fn fails_at_once(&mut self, write: &Write) -> bool {
+        if !self.failing {
+            return false;
+        }
+        self.acks.push(match write {
+            Write::Backup { seq, .. } => Ack::BackupFailed(*seq),
+            Write::Marker { seq, .. } => Ack::MarkerFailed(*seq),
+        });
+        true
+    }
+
+    fn write(&mut self, write: Write) {
+        if self.holding {
+            self.held.push(write);
+        } else {
+            self.send(write);
         }
     }
 
@@ -324,6 +381,7 @@ impl<Out> SimBroker<Out> {
     /// The crash: a prefix of the writes in flight lands (one producer, one order),
     /// each output in flight may or may not; the returned outputs were lost.
     pub(crate) fn crash(&mut self) -> Vec<u64> {
+        self.held.clear();
         let writes: Vec<_> = self.writes.drain(..).collect();
         let landing = self.rng.gen_range(0..=writes.len());
         for (index, Due { what, .. }) in writes.into_iter().enumerate() {
@@ -383,33 +441,17 @@ impl<Out> TaskIo<Out> for SimBroker<Out> {
 
     fn write_backup(&mut self, seq: u64, records: &BackupBatch) {
         self.changelog_records += records.len() as u64;
-        if self.failing {
-            self.acks.push(Ack::BackupFailed(seq));
-            return;
-        }
-        let at = self.due().max(self.writes.back().map_or(0, |w| w.at));
-        self.writes.push_back(Due {
-            at,
-            what: Write::Backup {
-                seq,
-                records: records.iter().map(|record| record.to_entry()).collect(),
-            },
+        self.write(Write::Backup {
+            seq,
+            records: records.iter().map(|record| record.to_entry()).collect(),
         });
     }
 
     fn write_marker(&mut self, marker: &BackupMarker) {
         self.changelog_records += 1;
-        if self.failing {
-            self.acks.push(Ack::MarkerFailed(marker.seq));
-            return;
-        }
-        let at = self.due().max(self.writes.back().map_or(0, |w| w.at));
-        self.writes.push_back(Due {
-            at,
-            what: Write::Marker {
-                seq: marker.seq,
-                record: marker.to_entry(),
-            },
+        self.write(Write::Marker {
+            seq: marker.seq,
+            record: marker.to_entry(),
         });
     }
 
@@ -452,9 +494,34 @@ pub fn independent_bound(config: &ControllerConfig, k: u32) -> (f64, u64) {
 }
 
 /// The simulated task: the driver over the simulated broker.
+/// How the harness builds a task's operator.
+enum Build<'a, O> {
+    InMemory(&'a dyn Fn() -> O),
+    OnStore(&'a dyn Fn(Box<dyn KeyStore>) -> O),
+}
+
+// Not derived: a derive would ask `O: Copy`, and only references are copied.
+impl<O> Clone for Build<'_, O> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<O> Copy for Build<'_, O> {}
+
+/// A task's local store, and what its last write said.
+struct LocalStore {
+    store: MemoryKeyStore,
+    /// Stamped on the markers the task writes while it runs on this store.
+    id: u64,
+    /// What its last write said.
+    checkpoint: StoreCheckpoint,
+}
+
 pub struct SimulatedTask<'a, O: Operator> {
     config: ControllerConfig,
-    build: &'a dyn Fn() -> O,
+    build: Build<'a, O>,
+    local: Option<LocalStore>,
     options: SimulationOptions,
     driver: TaskDriver<O>,
     broker: SimBroker<O::Output>,
@@ -474,13 +541,32 @@ where
         build: &'a dyn Fn() -> O,
         options: SimulationOptions,
     ) -> Result<Self, CoreError> {
+        Self::start(config, Build::InMemory(build), options)
+    }
+
+    /// A task whose operator keeps its state in a local store, built by
+    /// `build_on` on it; a crash keeps the store with probability
+    /// [`SimulationOptions::local_restarts`].
+    pub fn on_local_store(
+        config: ControllerConfig,
+        build_on: &'a dyn Fn(Box<dyn KeyStore>) -> O,
+        options: SimulationOptions,
+    ) -> Result<Self, CoreError> {
+        Self::start(config, Build::OnStore(build_on), options)
+    }
+
+    fn start(config: ControllerConfig, build: Build<'a, O>, options: SimulationOptions) -> Result<Self, CoreError> {
         let mut broker = SimBroker::new(&options);
+        broker.holding = matches!(build, Build::OnStore(_));
         let empty = read_changelog(&[])?;
-        let (mut driver, _) = TaskDriver::recover(config, build(), &empty, None, 0, 0, &mut broker)?;
+        let local = matches!(build, Build::OnStore(_)).then(|| LocalStore::fresh(1));
+        let (operator, config) = build_operator(build, local.as_ref(), config);
+        let (mut driver, _) = TaskDriver::recover(config, operator, &empty, None, 0, 0, &mut broker)?;
         set_driver_faults(&mut driver, options.driver_faults);
         Ok(SimulatedTask {
             config,
             build,
+            local,
             options,
             driver,
             broker,
@@ -506,9 +592,25 @@ where
     }
 
     fn deliver(&mut self, force: bool) -> bool {
+        // What the driver handed out since (a start marker, say) goes first.
+        self.persist();
         let delivered = self.broker.deliver(force);
         self.broker.report_to(&mut self.driver);
+        self.persist();
         delivered
+    }
+
+    /// What the service does after a poll batch or a round of reports: writes
+    /// the state's changes to the local store (with the offset they are exact
+    /// at), then sends the changelog records handed out since.
+    fn persist(&mut self) {
+        self.driver.stage_state();
+        if let Some(local) = &mut self.local {
+            local.store.write();
+            self.driver.checkpoint(&mut local.checkpoint);
+        }
+        self.driver.state_durable();
+        self.broker.release();
     }
 
     fn add_totals(&mut self) {
@@ -555,31 +657,30 @@ where
         };
         let (bound, _) = independent_bound(&self.config, k);
 
-        // Recovery: a fresh operator restored from the changelog, resuming at the
-        // last marker.
         let changelog = read_changelog(&self.broker.log)?;
-        if !self.options.drop_backups && self.config.mode != Mode::None {
-            let expected = self.broker.state_at_last_marker();
-            if let Some(key) = first_difference(&expected, &changelog.entries) {
-                self.report.violations.push(Violation::NotTheMarkedState { crash, key });
-            }
-        }
-        let committed = self.broker.committed;
-        let now = self.broker.step;
-        let (driver, plan) = TaskDriver::recover(
-            self.config,
-            (self.build)(),
-            &changelog,
-            committed,
-            0,
-            now,
-            &mut self.broker,
-        )?;
-        self.driver = driver;
+        let plan = if self.restarts_on_store(changelog.marker.as_ref()) {
+            self.restart_on_store(changelog.marker.as_ref())?
+        } else {
+            self.recover_from_changelog(crash, &changelog)?
+        };
         set_driver_faults(&mut self.driver, self.options.driver_faults);
 
-        for item_offset in lost_outputs {
-            if item_offset < plan.resume_offset {
+        let lost_before: Vec<u64> = lost_outputs
+            .into_iter()
+            .filter(|offset| *offset < plan.resume_offset)
+            .collect();
+        if plan.source == ResumeSource::LocalStore {
+            // The store is exact at its offset, written whatever outputs were
+            // unacknowledged: at most γ, and γ never exceeds Γ/2.
+            let bound = self.config.policy.global.outputs.div_ceil(2);
+            let lost = lost_before.len() as u64;
+            if lost > bound {
+                self.report
+                    .violations
+                    .push(Violation::LostOutputs { crash, lost, bound });
+            }
+        } else {
+            for item_offset in lost_before {
                 self.report
                     .violations
                     .push(Violation::LostOutput { crash, item_offset });
@@ -610,10 +711,11 @@ where
         self.broker.sink = kept;
         self.broker.replayed.extend(replayed);
 
-        let bound = if self.config.mode == Mode::None {
-            f64::INFINITY
-        } else {
-            bound
+        let bound = match (self.config.mode, plan.source) {
+            (Mode::None, _) => f64::INFINITY,
+            // Exact at the store's offset, and the replay from it is exact.
+            (_, ResumeSource::LocalStore) => 0.0,
+            _ => bound,
         };
         self.failure_bounds.push(bound);
         self.checks.push(PendingCheck {
@@ -627,12 +729,65 @@ where
             resume_offset: plan.resume_offset,
             failures: plan.failures,
             source: plan.source,
-            records_read: changelog.records,
+            records_read: if plan.source == ResumeSource::LocalStore {
+                0
+            } else {
+                changelog.records
+            },
             observed: None,
             bound,
             progressed: true,
         });
         Ok(())
+    }
+
+    /// Whether the task restarts on its local store: it has one, the crash
+    /// kept it, and the changelog's last marker is its own (as the service
+    /// decides: otherwise the store may not know every key the log holds).
+    fn restarts_on_store(&mut self, last_marker: Option<&BackupMarker>) -> bool {
+        let Some(local) = &self.local else { return false };
+        // What the process staged and never wrote dies with it.
+        local.store.drop_staged();
+        let kept = self.broker.rng.gen_bool(self.options.local_restarts.clamp(0.0, 1.0));
+        kept && self.config.mode != Mode::None && last_marker.is_some_and(|m| m.writer == local.id)
+    }
+
+    /// The process died, its store did not: the task reopens it and resumes at
+    /// its offset, with its source positions.
+    fn restart_on_store(&mut self, last_marker: Option<&BackupMarker>) -> Result<RecoveryPlan, CoreError> {
+        let Some(local) = &self.local else {
+            return Err(CoreError::undecodable("local store", "none to restart on"));
+        };
+        let (mut operator, config) = build_operator(self.build, Some(local), self.config);
+        operator.load_local_state()?;
+        let plan = RecoveryPlan::local(
+            &local.checkpoint,
+            last_marker,
+            self.config.policy.for_failures(0).outputs,
+        );
+        let now = self.broker.step;
+        self.driver = TaskDriver::start(config, operator, &plan, Vec::new(), now, &mut self.broker)?;
+        Ok(plan)
+    }
+
+    /// A fresh operator (on a new, empty store if the task keeps one) restored
+    /// from the changelog, resuming at the last marker.
+    fn recover_from_changelog(&mut self, crash: usize, changelog: &ChangelogState) -> Result<RecoveryPlan, CoreError> {
+        if !self.options.drop_backups && self.config.mode != Mode::None {
+            let expected = self.broker.state_at_last_marker();
+            if let Some(key) = first_difference(&expected, &changelog.entries) {
+                self.report.violations.push(Violation::NotTheMarkedState { crash, key });
+            }
+        }
+        if let Some(local) = &mut self.local {
+            *local = LocalStore::fresh(local.id + 1);
+        }
+        let (operator, config) = build_operator(self.build, self.local.as_ref(), self.config);
+        let committed = self.broker.committed;
+        let now = self.broker.step;
+        let (driver, plan) = TaskDriver::recover(config, operator, changelog, committed, 0, now, &mut self.broker)?;
+        self.driver = driver;
+        Ok(plan)
     }
 
     fn check_caught_up(&mut self) {
@@ -743,8 +898,7 @@ where
                 }
             }
             // The service writes a store-backed state after every poll batch.
-            self.driver.stage_state();
-            self.driver.state_durable();
+            self.persist();
             if taken_total == 0 && self.driver.readiness().is_err() && !self.deliver(true) {
                 self.report.violations.push(Violation::Stalled {
                     next_offset: self.next_offset,
@@ -759,6 +913,32 @@ where
         let mut delivered = std::mem::take(&mut self.broker.sink);
         delivered.append(&mut self.broker.replayed);
         Ok((self.driver.into_operator(), self.report, delivered))
+    }
+}
+
+impl LocalStore {
+    fn fresh(id: u64) -> Self {
+        LocalStore {
+            store: MemoryKeyStore::new(),
+            id,
+            checkpoint: StoreCheckpoint::default(),
+        }
+    }
+}
+
+/// A new operator (on the task's store, if it keeps one), and the controller
+/// config that stamps the store's identity on its markers.
+fn build_operator<O>(
+    build: Build<'_, O>,
+    local: Option<&LocalStore>,
+    config: ControllerConfig,
+) -> (O, ControllerConfig) {
+    match (build, local) {
+        (Build::OnStore(build_on), Some(local)) => {
+            (build_on(Box::new(local.store.clone())), config.with_writer(local.id))
+        }
+        (Build::OnStore(build_on), None) => (build_on(Box::new(MemoryKeyStore::new())), config),
+        (Build::InMemory(build), _) => (build(), config),
     }
 }
 

@@ -40,9 +40,10 @@ pub use entry::{BackupEntry, EntryBytes};
 pub use error::CoreError;
 pub use mode::{ExactInterval, Mode};
 pub use operator::{AnalysisConstants, BackupScope, Operator, ProcessError, Rejected};
+pub use prior_chain::CrashPriors;
 pub use recovery::{
     read_changelog, BackupMarker, ChangelogReader, ChangelogState, MarkedState, RecentFailures, RecoveryPlan, Restart,
-    ResumeSource,
+    ResumeSource, StoreCheckpoint,
 };
 pub use sources::{source_identity, SourcePosition, SourcePositions};
 pub use structures::{

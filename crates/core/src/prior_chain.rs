@@ -18,13 +18,21 @@
 //! The chain also holds the records of every backup sent until a marker that
 //! covers it is acknowledged: a failure reads the keys' values and priors back
 //! from them.
+//!
+//! A restart on a local store goes on writing the same changelog without
+//! reading it, so it must know what a crash made uncertain: every write in
+//! flight may have landed or not, like a failed one, and every backup taken
+//! but not sent is abandoned. [`PriorChain::crash_view`] is that knowledge as
+//! of a store write ([`CrashPriors`], kept with the state), and
+//! [`PriorChain::resumed`] the chain a restart on the store continues with.
 
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
 use super::batch::BackupBatch;
-use super::entry::EntryBytes;
+use super::entry::{EntryBytes, PayloadReader};
+use super::error::CoreError;
 use super::logged::{LoggedValue, Prior, Priors, CERTAIN};
 
 /// Backup buffers kept for reuse: about as many as backups in flight.
@@ -49,9 +57,117 @@ pub struct PriorChain {
     spare: Vec<BackupBatch>,
 }
 
+/// What a crash at a store write would leave uncertain (see the module
+/// docs): the keys' possible values at the markers that may end the log, and
+/// the priors of the keys whose baselines moved without a write.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CrashPriors {
+    uncertain: FxHashMap<EntryBytes, Priors>,
+    abandoned: FxHashMap<EntryBytes, (u64, Option<EntryBytes>)>,
+}
+
+const UNCERTAIN: u8 = 1;
+const ABANDONED: u8 = 2;
+
+impl CrashPriors {
+    pub fn is_empty(&self) -> bool {
+        self.uncertain.is_empty() && self.abandoned.is_empty()
+    }
+
+    /// Appends the keys, each as `[kind][key length: u32][key][logged length:
+    /// u32][logged value]`, behind their count; a logged value holds an
+    /// uncertain key's priors, or an abandoned key's backup and prior.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&((self.uncertain.len() + self.abandoned.len()) as u32).to_le_bytes());
+        let uncertain = self.uncertain.iter().map(|(key, priors)| {
+            let logged = LoggedValue {
+                seq: 0,
+                value: None,
+                priors: priors.clone(),
+            };
+            (UNCERTAIN, key, logged)
+        });
+        let abandoned = self.abandoned.iter().map(|(key, (seq, prior))| {
+            let logged = LoggedValue {
+                seq: *seq,
+                value: prior.clone(),
+                priors: Priors::new(),
+            };
+            (ABANDONED, key, logged)
+        });
+        let mut logged_bytes = Vec::new();
+        for (kind, key, logged) in uncertain.chain(abandoned) {
+            logged_bytes.clear();
+            logged.encode_into(&mut logged_bytes);
+            out.push(kind);
+            out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+            out.extend_from_slice(key);
+            out.extend_from_slice(&(logged_bytes.len() as u32).to_le_bytes());
+            out.extend_from_slice(&logged_bytes);
+        }
+    }
+
+    /// Reads what [`Self::encode_into`] wrote.
+    pub fn decode_from(reader: &mut PayloadReader<'_>) -> Result<Self, CoreError> {
+        let mut out = CrashPriors::default();
+        for _ in 0..reader.u32()? {
+            let kind = reader.u8()?;
+            let key_len = reader.u32()? as usize;
+            let key = EntryBytes::from_slice(reader.bytes(key_len)?);
+            let logged_len = reader.u32()? as usize;
+            let logged = LoggedValue::decode(Some(reader.bytes(logged_len)?))?;
+            match kind {
+                UNCERTAIN => {
+                    out.uncertain.insert(key, logged.priors);
+                }
+                ABANDONED => {
+                    out.abandoned.insert(key, (logged.seq, logged.value));
+                }
+                other => {
+                    return Err(CoreError::undecodable("crash priors", format!("kind {other}")));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
 impl PriorChain {
     pub fn new() -> Self {
         PriorChain::default()
+    }
+
+    /// The chain a restart on a local store continues with: what the crash
+    /// left uncertain, as of the store's last write.
+    pub fn resumed(crash: CrashPriors) -> Self {
+        PriorChain {
+            uncertain: crash.uncertain,
+            abandoned: crash.abandoned,
+            ..PriorChain::default()
+        }
+    }
+
+    /// What a crash now would leave uncertain: every backup sent and not yet
+    /// covered by an acknowledged marker as if its write failed (oldest
+    /// first, as failures are reported), then every backup taken and not
+    /// sent (`held`, oldest first) as abandoned.
+    pub fn crash_view<'a>(&self, held: impl DoubleEndedIterator<Item = &'a BackupBatch>) -> CrashPriors {
+        let mut view = PriorChain {
+            uncertain: self.uncertain.clone(),
+            abandoned: self.abandoned.clone(),
+            ..PriorChain::default()
+        };
+        for batch in &self.sent {
+            view.fail_records(batch);
+        }
+        // Abandoned backups come newest first.
+        for batch in held.rev() {
+            view.abandon_records(batch);
+        }
+        CrashPriors {
+            uncertain: view.uncertain,
+            abandoned: view.abandoned,
+        }
     }
 
     /// An empty batch for backup `seq`, on the buffers of one done with.
@@ -112,6 +228,12 @@ impl PriorChain {
         let Some(batch) = self.sent.remove(index) else {
             return;
         };
+        self.fail_records(&batch);
+        self.recycle(batch);
+    }
+
+    fn fail_records(&mut self, batch: &BackupBatch) {
+        let seq = batch.seq();
         for record in batch.iter() {
             let Ok(logged) = LoggedValue::decode(Some(record.value)) else {
                 continue;
@@ -126,13 +248,17 @@ impl PriorChain {
             priors.extend(older);
             self.uncertain.insert(key, priors);
         }
-        self.recycle(batch);
     }
 
     /// A backup taken but never sent: the structure moved its baseline to it,
     /// so the keys' next entries need the prior from before the oldest such
     /// backup (abandoned backups come newest first).
     pub fn abandoned(&mut self, batch: BackupBatch) {
+        self.abandon_records(&batch);
+        self.recycle(batch);
+    }
+
+    fn abandon_records(&mut self, batch: &BackupBatch) {
         let seq = batch.seq();
         for record in batch.iter() {
             let Ok(logged) = LoggedValue::decode(Some(record.value)) else {
@@ -148,7 +274,6 @@ impl PriorChain {
                 })
                 .or_insert(prior);
         }
-        self.recycle(batch);
     }
 
     /// Keeps a few buffers for the next backups, not every one a burst of
@@ -199,6 +324,36 @@ mod tests {
         let batch = backup(chain, seq, key, value, prior);
         let logged = chain.log(batch);
         LoggedValue::decode(logged.iter().next().map(|record| record.value)).unwrap()
+    }
+
+    #[test]
+    fn a_restart_on_a_store_continues_with_what_its_crash_left_uncertain() {
+        let mut chain = PriorChain::new();
+        log(&mut chain, 1, b"k", 5.0, Some(2.0));
+        // Backup 2 was taken and never sent: its baseline move is undone.
+        let held = backup(&mut chain, 2, b"j", 1.0, None);
+        let view = chain.crash_view(std::iter::once(&held));
+        let mut encoded = Vec::new();
+        view.encode_into(&mut encoded);
+        let read = CrashPriors::decode_from(&mut PayloadReader::new(&encoded, "test")).unwrap();
+        assert_eq!(read, view, "reads back as written");
+        assert!(chain.crash_view(std::iter::empty()) != view, "the held backup counts");
+
+        let mut resumed = PriorChain::resumed(read);
+        let k = log(&mut resumed, 3, b"k", 6.0, Some(5.0));
+        assert_eq!(
+            k.at_marker(0).unwrap(),
+            Some(&bytes(2.0)),
+            "backup 1 may not have landed"
+        );
+        assert_eq!(
+            k.at_marker(1).unwrap(),
+            Some(&bytes(5.0)),
+            "or it may have, with its marker"
+        );
+        let j = log(&mut resumed, 3, b"j", 4.0, Some(1.0));
+        assert_eq!(j.at_marker(0).unwrap(), None, "j was never written");
+        assert!(PriorChain::resumed(CrashPriors::default()).is_settled());
     }
 
     #[test]

@@ -17,6 +17,7 @@ use super::error::CoreError;
 use super::logged::LoggedValue;
 use super::mode::Mode;
 use super::operator::AnalysisConstants;
+use super::prior_chain::CrashPriors;
 use super::sources::SourcePositions;
 use rustc_hash::FxHashMap;
 
@@ -349,6 +350,9 @@ pub struct RecoveryPlan {
     /// The newest source positions the resumed state includes
     /// ([`crate::sources`]).
     pub sources: SourcePositions,
+    /// A restart on a local store: what its crash left uncertain in the
+    /// changelog (empty for any other start).
+    pub priors: CrashPriors,
 }
 
 /// Where a start position came from.
@@ -378,6 +382,7 @@ impl RecoveryPlan {
             covers: 0,
             next_seq: 1,
             sources: SourcePositions::default(),
+            priors: CrashPriors::default(),
         }
     }
 
@@ -421,6 +426,7 @@ impl RecoveryPlan {
                 covers: marker.covers,
                 next_seq: marker.seq.saturating_add(1),
                 sources: marker.sources.clone(),
+                priors: CrashPriors::default(),
             },
             (_, Some(marker)) => RecoveryPlan {
                 resume_offset: marker.input_offset,
@@ -436,33 +442,55 @@ impl RecoveryPlan {
                 covers: marker.covers,
                 next_seq: marker.seq.saturating_add(1),
                 sources: marker.sources.clone(),
+                priors: CrashPriors::default(),
             },
         }
     }
 }
 
+/// What a task's local store says with every write: where its state is exact,
+/// and what the changelog can hold. The adapter writes it with the state and
+/// sends the changelog records handed out before the write only after it, so
+/// every record in the log has a sequence below `next_seq`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreCheckpoint {
+    /// The state includes every input item before this offset.
+    pub next_offset: u64,
+    /// Above every sequence handed out so far ([`TaskController::next_seq`]).
+    ///
+    /// [`TaskController::next_seq`]: crate::controller::TaskController::next_seq
+    pub next_seq: u64,
+    /// The newest source positions the state includes.
+    pub sources: SourcePositions,
+    /// What a crash at this write leaves uncertain in the changelog
+    /// ([`crate::prior_chain`]): a restart on the store writes on with it.
+    pub priors: CrashPriors,
+}
+
 impl RecoveryPlan {
     /// A restart on the task's own durable local store, which is exact at
-    /// `store_offset` and is known to hold every key any backup in the changelog
-    /// wrote (the last marker is its own: `last_marker.writer` is the store's
-    /// identity). The state error is zero. Outputs of items before
-    /// `store_offset` that were not acknowledged at the crash may be lost: at
-    /// most γ, and `largest_gamma` (γ at no failure, the largest any policy
-    /// gives) bounds it. A restart after a clean stop at the store's offset is
-    /// no failure. `sources` are the positions the store keeps with its offset.
-    pub fn local(
-        store_offset: u64,
-        last_marker: Option<&BackupMarker>,
-        largest_gamma: u64,
-        sources: SourcePositions,
-    ) -> Self {
+    /// the checkpoint's offset and is known to hold every key any backup in
+    /// the changelog wrote (the last marker is its own: `last_marker.writer`
+    /// is the store's identity). The state error is zero. Outputs of items
+    /// before that offset that were not acknowledged at the crash may be
+    /// lost: at most γ, and `largest_gamma` (γ at no failure, the largest any
+    /// policy gives) bounds it. A restart after a clean stop at the store's
+    /// offset is no failure. Sequences continue above the checkpoint's, so a
+    /// record the crashed run left past the last marker is never taken for
+    /// one of the new run's.
+    pub fn local(checkpoint: &StoreCheckpoint, last_marker: Option<&BackupMarker>, largest_gamma: u64) -> Self {
+        let store_offset = checkpoint.next_offset;
         let clean = last_marker.is_some_and(|m| m.clean && m.input_offset == store_offset);
         let (failures, recent) = match last_marker {
             Some(marker) => (marker.failures, marker.recent),
             None => (0, RecentFailures::default()),
         };
         let covers = last_marker.map_or(0, |m| m.covers);
-        let next_seq = last_marker.map_or(1, |m| m.seq.saturating_add(1));
+        let next_seq = last_marker
+            .map_or(1, |m| m.seq.saturating_add(1))
+            .max(checkpoint.next_seq);
+        let sources = checkpoint.sources.clone();
+        let priors = checkpoint.priors.clone();
         if clean {
             return RecoveryPlan {
                 resume_offset: store_offset,
@@ -474,6 +502,7 @@ impl RecoveryPlan {
                 covers,
                 next_seq,
                 sources,
+                priors,
             };
         }
         let mut recent = recent;
@@ -491,6 +520,7 @@ impl RecoveryPlan {
             covers,
             next_seq,
             sources,
+            priors,
         }
     }
 }
@@ -502,7 +532,11 @@ mod tests {
 
     #[test]
     fn a_local_restart_is_exact_and_counts_as_a_failure_unless_clean() {
-        let crashed = RecoveryPlan::local(1500, Some(&marker(false)), 64, SourcePositions::default());
+        let at = |next_offset| StoreCheckpoint {
+            next_offset,
+            ..StoreCheckpoint::default()
+        };
+        let crashed = RecoveryPlan::local(&at(1500), Some(&marker(false)), 64);
         assert_eq!(crashed.resume_offset, 1500);
         assert_eq!(crashed.failures, 3);
         assert!(crashed.counted_failure);
@@ -515,22 +549,29 @@ mod tests {
         );
         assert_eq!(crashed.source, ResumeSource::LocalStore);
         assert_eq!(crashed.recent.as_slice(), &[1500]);
-        let stopped = RecoveryPlan::local(1000, Some(&marker(true)), 64, SourcePositions::default());
+        let stopped = RecoveryPlan::local(&at(1000), Some(&marker(true)), 64);
         assert!(!stopped.counted_failure);
         assert_eq!(stopped.failures, 2);
         assert_eq!(stopped.introduced, ErrorBound::default());
-        let moved_on = RecoveryPlan::local(1200, Some(&marker(true)), 64, SourcePositions::default());
+        let moved_on = RecoveryPlan::local(&at(1200), Some(&marker(true)), 64);
         assert!(
             moved_on.counted_failure,
             "items after the clean stop were processed, then a crash"
         );
-        assert_eq!(RecoveryPlan::local(0, None, 64, SourcePositions::default()).failures, 1);
-        let positions = marker(false).sources;
+        assert_eq!(RecoveryPlan::local(&at(0), None, 64).failures, 1);
+        let checkpoint = StoreCheckpoint {
+            next_offset: 5,
+            next_seq: 40,
+            sources: marker(false).sources,
+            priors: CrashPriors::default(),
+        };
+        let plan = RecoveryPlan::local(&checkpoint, Some(&marker(false)), 64);
         assert_eq!(
-            RecoveryPlan::local(5, Some(&marker(false)), 64, positions.clone()).sources,
-            positions,
+            plan.sources, checkpoint.sources,
             "a local restart resumes with the store's positions"
         );
+        assert_eq!(plan.next_seq, 40, "above every record the store let out");
+        assert_eq!(crashed.next_seq, 8, "above the marker's");
     }
 
     fn marker(clean: bool) -> BackupMarker {

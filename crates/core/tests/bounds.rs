@@ -15,10 +15,11 @@ mod common;
 
 use afstream_core::harness::{simulate, SimulatedTask, SimulationOptions, SimulationReport, Violation};
 use afstream_core::operators::*;
+use afstream_core::recovery::ResumeSource;
 use afstream_core::workloads;
 use afstream_core::{
-    ControllerConfig, ControllerFaults, DriverFaults, ExactInterval, FailurePolicy, GlobalThresholds, MemoryKeyStore,
-    Mode, Operator, Placement, ThresholdPolicy,
+    ControllerConfig, ControllerFaults, DriverFaults, ExactInterval, FailurePolicy, GlobalThresholds, KeyStore,
+    MemoryKeyStore, Mode, Operator, Placement, ThresholdPolicy,
 };
 use proptest::prelude::*;
 
@@ -257,6 +258,33 @@ proptest! {
     }
 
     #[test]
+    fn word_count_restarting_on_its_local_store_stays_within_the_bound(
+        seed in any::<u64>(),
+        theta in 1.0..400.0f64,
+        items in 1u64..32,
+        max_norm in any::<bool>(),
+        keep in prop_oneof![Just(0.5), Just(1.0)],
+        failures in failures(1_000),
+    ) {
+        let stream = workloads::text_lines(1_000, 8, 200, seed);
+        let divergence = if max_norm { afstream_core::Norm::Max } else { afstream_core::Norm::L1 };
+        let config = WordCountConfig { divergence, max_words_per_line: 8 };
+        let build_on = move |store: Box<dyn KeyStore>| WordCount::with_store(config, store, 1 << 20).unwrap();
+        let build = move || WordCount::new(config).unwrap();
+        let cfg = controller(&build(), Mode::Approximate, theta, items, 32);
+        let options = SimulationOptions { local_restarts: keep, ..failures.options() };
+        let (failed, report) = SimulatedTask::on_local_store(cfg, &build_on, options).unwrap().run(&stream).unwrap();
+        assert_no_violations(&report);
+        let (clean, _) = simulate(cfg, &build, &stream, SimulationOptions { seed, ..SimulationOptions::default() }).unwrap();
+        let bound: f64 = report.recoveries.iter().map(|r| r.bound).sum();
+        let observed = failed.distance(&clean);
+        prop_assert!(within(observed, bound), "final drift {observed} over bound {bound}");
+        if keep == 1.0 {
+            prop_assert_eq!(observed, 0.0, "a task that always restarts on its store is exact");
+        }
+    }
+
+    #[test]
     fn logistic_regression_recovers_within_the_bound_and_its_loss_comes_back(
         seed in any::<u64>(),
         theta in 0.05..2.0f64,
@@ -352,6 +380,44 @@ fn failure_free_run_equals_processing_the_stream_directly() {
     assert!(report.totals.backups > 0 && report.totals.markers > report.totals.backups);
     assert!(report.totals.commits > 0);
     assert_eq!(report.outputs_delivered, outputs.len() as u64);
+}
+
+/// A crash that keeps the local store, and right after the restart one that
+/// loses it (the machine): the changelog must hold what the store's state
+/// owed it before the restart's start marker, or the next owner resumes at
+/// the store's offset over an older state.
+#[test]
+fn a_restart_on_the_local_store_then_a_lost_store_stays_within_the_bound() {
+    let stream = workloads::keyed_values(3_000, 40, 5);
+    let build_on = |store: Box<dyn KeyStore>| {
+        KeyedAggregation::with_store(KeyedAggregationConfig::default(), store, 1 << 20).unwrap()
+    };
+    let build = || KeyedAggregation::new(KeyedAggregationConfig::default()).unwrap();
+    let cfg = controller(&build(), Mode::Approximate, 200.0, 400, 64);
+    let mut local_restarts_then_lost = 0;
+    for seed in 0..60 {
+        let options = SimulationOptions {
+            seed,
+            crash_after: vec![1_000 + seed * 13, 1_000 + seed * 13 + seed % 4, 2_200, 2_201],
+            local_restarts: 0.5,
+            max_batch: 16,
+            ..SimulationOptions::default()
+        };
+        let (_, report) = SimulatedTask::on_local_store(cfg, &build_on, options)
+            .unwrap()
+            .run(&stream)
+            .unwrap();
+        assert!(report.violations.is_empty(), "seed {seed}: {:?}", report.violations);
+        local_restarts_then_lost += report
+            .recoveries
+            .windows(2)
+            .filter(|pair| pair[0].source == ResumeSource::LocalStore && pair[1].source == ResumeSource::Marker)
+            .count();
+    }
+    assert!(
+        local_restarts_then_lost > 5,
+        "only {local_restarts_then_lost} local restarts were followed by a loss"
+    );
 }
 
 /// A store that acknowledges backups without keeping them: the controller believes

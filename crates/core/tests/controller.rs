@@ -574,6 +574,7 @@ fn a_recovery_writes_its_failure_count_before_taking_input() {
         covers: 9,
         next_seq: 12,
         sources: Default::default(),
+        priors: Default::default(),
     };
     let mut actions = Vec::new();
     let mut c = TaskController::start(config, &plan, false, 0, &mut actions).unwrap();

@@ -190,10 +190,9 @@ impl GroupContext {
                 .map_err(|e| format!("input partition {partition}: {e}"))?;
             let plan = match &store {
                 Some((_, meta)) if local => RecoveryPlan::local(
-                    meta.next_offset,
+                    &meta.checkpoint,
                     marker.as_ref(),
                     self.controller.policy.for_failures(0).outputs,
-                    meta.sources.clone(),
                 ),
                 _ => RecoveryPlan::decide(
                     self.controller.mode,

@@ -142,10 +142,8 @@ impl<O: ServiceOperator> Task<O> {
                         // Written as it is read, so memory holds one chunk; the
                         // offset is the one the task resumes at.
                         operator.stage_state();
-                        let meta = StoreMeta {
-                            next_offset: plan.resume_offset,
-                            ..meta.clone()
-                        };
+                        let mut meta = meta.clone();
+                        meta.checkpoint.next_offset = plan.resume_offset;
                         store.write(&meta).map_err(|e| e.to_string())?;
                         operator.state_durable();
                     }
@@ -346,10 +344,7 @@ impl<O: ServiceOperator> Task<O> {
         }
         if let Some((store, meta)) = &mut self.store {
             self.driver.stage_state();
-            meta.next_offset = self.driver.controller().processed().offset;
-            if meta.sources != *self.driver.sources() {
-                meta.sources.clone_from(self.driver.sources());
-            }
+            self.driver.checkpoint(&mut meta.checkpoint);
             if let Err(error) = store.write(meta) {
                 self.flight.fatal.get_or_insert(error.to_string());
                 return true;
