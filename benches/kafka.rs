@@ -35,7 +35,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use afstream::operators::Consistency;
@@ -271,6 +271,9 @@ impl Case {
     }
 }
 
+/// The longest a case may run.
+const RUN_DEADLINE: Duration = Duration::from_secs(600);
+
 fn pipeline(workload: &BenchWorkload, case: Case, state_dir: Option<&Path>, run_id: usize) -> Measure {
     let mut config = workload.config.clone();
     config.pipeline.state_dir = state_dir.map(Path::to_path_buf);
@@ -285,7 +288,28 @@ fn pipeline(workload: &BenchWorkload, case: Case, state_dir: Option<&Path>, run_
     let stop = AtomicBool::new(false);
     reset_peak_rss();
     let (cpu, broker_cpu) = (cpu_seconds(), broker_cpu_seconds());
-    let report = run(&config, &stop, RunOptions { stop_at_end: true }).unwrap_or_else(|e| panic!("afstream run: {e}"));
+    let started = Instant::now();
+    let finished = AtomicBool::new(false);
+    let report = std::thread::scope(|scope| {
+        // Nothing waits forever: a run past its deadline is stopped and the
+        // bench fails, naming it.
+        scope.spawn(|| {
+            while !finished.load(Ordering::Relaxed) && started.elapsed() < RUN_DEADLINE {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        let report = run(&config, &stop, RunOptions { stop_at_end: true });
+        finished.store(true, Ordering::Relaxed);
+        report
+    })
+    .unwrap_or_else(|e| panic!("afstream run: {e}"));
+    assert!(
+        started.elapsed() < RUN_DEADLINE,
+        "{} ({}): the run did not reach the end of its input within {RUN_DEADLINE:?}",
+        workload.name,
+        case.key()
+    );
     let cpu = cpu_seconds() - cpu;
     let broker_cpu = broker_cpu_seconds() - broker_cpu;
     // Changelog records up to the clean stop, whose final complete backup (every
@@ -367,6 +391,11 @@ fn json_path() -> PathBuf {
 }
 
 fn main() {
+    // RUST_LOG=afstream=info shows what a run does.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     // `cargo bench` passes `--bench`; this bench always runs in full.
     let items = env_number("AFSTREAM_BENCH_ITEMS", 300_000);
     let rounds = env_number("AFSTREAM_BENCH_ROUNDS", 3).max(1);

@@ -42,6 +42,16 @@ pub struct Config {
     pub stage: Option<Stage>,
 }
 
+impl Config {
+    /// Whether outputs carry their source positions: as configured, else when
+    /// a later stage of the chain reads them.
+    pub fn source_positions(&self) -> bool {
+        self.pipeline
+            .source_positions
+            .unwrap_or_else(|| self.stage.as_ref().is_some_and(|stage| stage.index < stage.stages))
+    }
+}
+
 /// A stage of a chain: pipelines of one file where each reads the topic the
 /// one before writes (tokenize → count). The chain's Θ, L and Γ are those of
 /// its last stage; stage i of m runs with Θ/β^(m−i), β the largest fan-out of
@@ -219,6 +229,13 @@ pub struct PipelineConfig {
     /// owner still writing, up to 20 s); 0 resumes at once.
     #[serde(default = "default_handoff_quiet_ms")]
     pub handoff_quiet_ms: u64,
+    /// Whether each output carries its source position (the header
+    /// `afstream.position`), so that a downstream afstream stage skips what a
+    /// recovery of this one sends again. Default: on for a stage that feeds a
+    /// later stage of its chain, off otherwise (a header costs about 30 bytes
+    /// an output); set it for a chain split over several files.
+    #[serde(default)]
+    pub source_positions: Option<bool>,
     pub operator: OperatorConfig,
     /// The thresholds it runs with: its own, or its chain's.
     #[serde(skip)]
@@ -991,6 +1008,17 @@ fault_tolerance = { mode = "approximate", theta = 800.0, max_uncovered = 100, ma
             configs[0].pipeline.fault_tolerance.theta, 800.0,
             "the chain's thresholds"
         );
+        assert_eq!(
+            configs.iter().map(Config::source_positions).collect::<Vec<_>>(),
+            [true, false],
+            "positions on the outputs a later stage reads"
+        );
+        let forced = CHAIN.replace(
+            "operator = { kind = \"tokenize\", max_words_per_line = 8 }",
+            "operator = { kind = \"tokenize\", max_words_per_line = 8 }\nsource_positions = false",
+        );
+        let forced = parse_all(&forced, &no_env).expect("valid");
+        assert!(!forced[0].source_positions(), "as configured");
 
         let own = CHAIN.replace(
             "operator = { kind = \"tokenize\", max_words_per_line = 8 }",

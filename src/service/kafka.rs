@@ -667,63 +667,72 @@ impl ChangelogLoader {
     }
 }
 
-/// What a produced record is for. Packed into the `usize` the producer carries
-/// to the delivery report, so sending allocates nothing.
+/// One run of a task in this process: every task start gets a new one, so a
+/// delivery report names the run that sent its record. A report of a task
+/// that was revoked, lost or restarted since is nobody's: its sequences and
+/// offsets mean nothing to the task that owns the partition now. Wraps after
+/// 65 536 starts, long after any report of a run could still arrive.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TaskIncarnation(pub u16);
+
+impl TaskIncarnation {
+    /// The incarnation after this one.
+    pub fn next(self) -> Self {
+        TaskIncarnation(self.0.wrapping_add(1))
+    }
+}
+
+/// What a produced record is for, and which task incarnation sent it. Packed
+/// into the `usize` the producer carries to the delivery report, so sending
+/// allocates nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Delivery {
-    /// An output of the input item at `offset` of `partition`.
-    Output { partition: i32, offset: u64 },
+    /// An output of the input item at `offset`.
+    Output { task: TaskIncarnation, offset: u64 },
     /// One record of backup `seq`.
-    BackupRecord { partition: i32, seq: u64 },
+    BackupRecord { task: TaskIncarnation, seq: u64 },
     /// The marker of backup `seq`.
-    Marker { partition: i32, seq: u64 },
-    /// The dead letter of the refused input record at `offset` of `partition`.
-    DeadLetter { partition: i32, offset: u64 },
+    Marker { task: TaskIncarnation, seq: u64 },
+    /// The dead letter of the refused input record at `offset`.
+    DeadLetter { task: TaskIncarnation, offset: u64 },
 }
 
 const VALUE_BITS: u32 = 46;
-const PARTITION_BITS: u32 = 16;
+const TASK_BITS: u32 = 16;
 
 impl Delivery {
     /// The largest offset or sequence number that packs.
     pub const MAX_VALUE: u64 = (1 << VALUE_BITS) - 1;
 
     pub fn pack(self) -> usize {
-        let (kind, partition, value) = match self {
-            Delivery::Output { partition, offset } => (0u64, partition, offset),
-            Delivery::BackupRecord { partition, seq } => (1, partition, seq),
-            Delivery::Marker { partition, seq } => (2, partition, seq),
-            Delivery::DeadLetter { partition, offset } => (3, partition, offset),
+        let (kind, task, value) = match self {
+            Delivery::Output { task, offset } => (0u64, task, offset),
+            Delivery::BackupRecord { task, seq } => (1, task, seq),
+            Delivery::Marker { task, seq } => (2, task, seq),
+            Delivery::DeadLetter { task, offset } => (3, task, offset),
         };
-        let partition = (partition as u64) & ((1 << PARTITION_BITS) - 1);
-        ((kind << (VALUE_BITS + PARTITION_BITS)) | (partition << VALUE_BITS) | (value & Self::MAX_VALUE)) as usize
+        ((kind << (VALUE_BITS + TASK_BITS)) | (u64::from(task.0) << VALUE_BITS) | (value & Self::MAX_VALUE)) as usize
     }
 
-    /// The input partition whose task the record belongs to.
-    pub fn partition(self) -> i32 {
+    /// The task incarnation that sent the record.
+    pub fn task(self) -> TaskIncarnation {
         match self {
-            Delivery::Output { partition, .. }
-            | Delivery::BackupRecord { partition, .. }
-            | Delivery::Marker { partition, .. }
-            | Delivery::DeadLetter { partition, .. } => partition,
+            Delivery::Output { task, .. }
+            | Delivery::BackupRecord { task, .. }
+            | Delivery::Marker { task, .. }
+            | Delivery::DeadLetter { task, .. } => task,
         }
     }
 
     pub fn unpack(packed: usize) -> Self {
         let packed = packed as u64;
         let value = packed & Self::MAX_VALUE;
-        let partition = ((packed >> VALUE_BITS) & ((1 << PARTITION_BITS) - 1)) as i32;
-        match packed >> (VALUE_BITS + PARTITION_BITS) {
-            0 => Delivery::Output {
-                partition,
-                offset: value,
-            },
-            1 => Delivery::BackupRecord { partition, seq: value },
-            2 => Delivery::Marker { partition, seq: value },
-            _ => Delivery::DeadLetter {
-                partition,
-                offset: value,
-            },
+        let task = TaskIncarnation(((packed >> VALUE_BITS) & ((1 << TASK_BITS) - 1)) as u16);
+        match packed >> (VALUE_BITS + TASK_BITS) {
+            0 => Delivery::Output { task, offset: value },
+            1 => Delivery::BackupRecord { task, seq: value },
+            2 => Delivery::Marker { task, seq: value },
+            _ => Delivery::DeadLetter { task, offset: value },
         }
     }
 }
@@ -901,20 +910,23 @@ mod tests {
     fn deliveries_pack_into_a_usize_and_back() {
         for delivery in [
             Delivery::Output {
-                partition: 0,
+                task: TaskIncarnation(0),
                 offset: 0,
             },
             Delivery::Output {
-                partition: 65_535,
+                task: TaskIncarnation(u16::MAX),
                 offset: Delivery::MAX_VALUE,
             },
             Delivery::BackupRecord {
-                partition: 7,
+                task: TaskIncarnation(7),
                 seq: 123_456,
             },
-            Delivery::Marker { partition: 3, seq: 9 },
+            Delivery::Marker {
+                task: TaskIncarnation(3),
+                seq: 9,
+            },
             Delivery::DeadLetter {
-                partition: 65_535,
+                task: TaskIncarnation(u16::MAX),
                 offset: 17,
             },
         ] {

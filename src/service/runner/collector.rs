@@ -14,7 +14,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use crate::core::{source_identity, Ack, BackupBatch, BackupEntry, BackupMarker, Rejected, SourcePosition, TaskIo};
 use crate::service::codec::ServiceOperator;
-use crate::service::kafka::{Delivery, DeliveryEvent, DeliveryReports, FailedRecord};
+use crate::service::kafka::{Delivery, DeliveryEvent, DeliveryReports, FailedRecord, TaskIncarnation};
 
 use super::input::RawRecords;
 use super::task::Task;
@@ -235,6 +235,8 @@ pub(super) fn is_queue_full(error: &KafkaError) -> bool {
 pub(super) struct KafkaIo<'a, O> {
     pub(super) shared: &'a Shared<'a>,
     pub(super) partition: i32,
+    /// The task's run, named on every record it sends.
+    pub(super) incarnation: TaskIncarnation,
     pub(super) flight: &'a mut Flight,
     pub(super) key: &'a mut Vec<u8>,
     pub(super) value: &'a mut Vec<u8>,
@@ -355,17 +357,18 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
             }
         };
         let delivery = Delivery::Output {
-            partition: self.partition,
+            task: self.incarnation,
             offset: item_offset,
         };
-        let position = self.flight.positions.next(item_offset).encode();
-        let headers = OwnedHeaders::new_with_capacity(1).insert(Header {
-            key: SOURCE_POSITION_HEADER,
-            value: Some(position.as_bytes()),
-        });
-        let mut record = BaseRecord::with_opaque_to(&self.shared.topics.output, delivery.pack())
-            .payload(self.value.as_slice())
-            .headers(headers);
+        let mut record =
+            BaseRecord::with_opaque_to(&self.shared.topics.output, delivery.pack()).payload(self.value.as_slice());
+        if self.shared.source_positions {
+            let position = self.flight.positions.next(item_offset).encode();
+            record = record.headers(OwnedHeaders::new_with_capacity(1).insert(Header {
+                key: SOURCE_POSITION_HEADER,
+                value: Some(position.as_bytes()),
+            }));
+        }
         if keyed {
             record = record.key(self.key.as_slice());
         }
@@ -390,7 +393,7 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
             return;
         }
         let delivery = Delivery::BackupRecord {
-            partition: self.partition,
+            task: self.incarnation,
             seq,
         };
         self.flight
@@ -400,7 +403,7 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
 
     fn write_marker(&mut self, marker: &BackupMarker) {
         let delivery = Delivery::Marker {
-            partition: self.partition,
+            task: self.incarnation,
             seq: marker.seq,
         };
         self.flight.changelog.push((marker.to_entry(), delivery));
@@ -436,7 +439,7 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
         });
         let headers = dead_letter_headers(&topics.input, self.partition, offset, &reason.to_string());
         let delivery = Delivery::DeadLetter {
-            partition: self.partition,
+            task: self.incarnation,
             offset,
         };
         let mut record = BaseRecord::with_opaque_to(&topics.dead_letters, delivery.pack()).headers(headers);
@@ -454,10 +457,14 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
     }
 }
 
-/// Hands the producers' delivery reports to their tasks; returns whether there were any.
+/// Hands the producers' delivery reports to the task incarnations that sent
+/// their records; returns whether there were any. A parked task keeps its
+/// reports until it runs again (it writes nothing meanwhile); a report of an
+/// incarnation that is gone concerns no task now and is dropped.
 pub(super) fn deliver_reports<O: ServiceOperator>(
     shared: &Shared<'_>,
     tasks: &mut BTreeMap<i32, Task<O>>,
+    parked: &mut BTreeMap<i32, Task<O>>,
     events: &mut Vec<DeliveryEvent>,
     now_ms: u64,
 ) -> bool {
@@ -467,11 +474,23 @@ pub(super) fn deliver_reports<O: ServiceOperator>(
     }
     let any = !events.is_empty();
     for event in events.drain(..) {
-        if let Some(task) = tasks.get_mut(&event.delivery.partition()) {
+        let sender = event.delivery.task();
+        if let Some(task) = of_incarnation(tasks.values_mut(), sender, |t| t.incarnation) {
             task.delivered(shared, event, now_ms);
+        } else if let Some(task) = of_incarnation(parked.values_mut(), sender, |t| t.incarnation) {
+            task.parked_reports.push(event);
         }
     }
     any
+}
+
+/// The task of incarnation `sender`, if it is one of `tasks`.
+pub(super) fn of_incarnation<'a, T: 'a>(
+    tasks: impl IntoIterator<Item = &'a mut T>,
+    sender: TaskIncarnation,
+    incarnation: impl Fn(&T) -> TaskIncarnation,
+) -> Option<&'a mut T> {
+    tasks.into_iter().find(|task| incarnation(task) == sender)
 }
 
 #[cfg(test)]
@@ -479,6 +498,22 @@ mod tests {
     use super::*;
     use crate::service::kafka::is_permanent;
     use rdkafka::error::RDKafkaErrorCode;
+
+    #[test]
+    fn a_report_reaches_only_the_incarnation_that_sent_its_record() {
+        // Partition 4's task was revoked and started again: the old run's
+        // late marker report must not acknowledge the new run's marker of
+        // the same sequence.
+        let old = TaskIncarnation(u16::MAX);
+        let new = old.next();
+        assert_eq!(new, TaskIncarnation(0), "wraps");
+        let report = Delivery::unpack(Delivery::Marker { task: old, seq: 1 }.pack());
+        let mut running = [(new, 4), (new.next(), 5)];
+        assert!(of_incarnation(running.iter_mut(), report.task(), |t| t.0).is_none());
+        let report = Delivery::Marker { task: new, seq: 1 };
+        let owner = of_incarnation(running.iter_mut(), report.task(), |t| t.0);
+        assert_eq!(owner.map(|t| t.1), Some(4));
+    }
 
     #[test]
     fn an_items_outputs_are_numbered_from_zero_and_tasks_have_their_own_source() {

@@ -41,7 +41,7 @@ use super::codec::{Codec, ServiceOperator};
 use super::config::Config;
 use super::kafka::{
     client_config, ensure_topics, partition_count, patiently, ChangelogLoader, ClientRole, DeliveryEvent,
-    DeliveryReports, KafkaSetupError, ReaderPool, TopicSpec, REQUEST_TIMEOUT,
+    DeliveryReports, KafkaSetupError, ReaderPool, TaskIncarnation, TopicSpec, REQUEST_TIMEOUT,
 };
 use super::state::lock_state_dir;
 use super::store::{StoreBudget, StoreMeta, TaskStore};
@@ -176,9 +176,20 @@ struct Shared<'a> {
     /// [`CRASH_IN_BACKUP`], and the backups with entries sent so far.
     crash_in_backup: Option<u64>,
     backups_sent: std::cell::Cell<u64>,
+    /// The incarnation the last task start got.
+    incarnation: std::cell::Cell<TaskIncarnation>,
+    /// Outputs carry their source positions (`Config::source_positions`).
+    source_positions: bool,
 }
 
 impl Shared<'_> {
+    /// A new task incarnation, for a task starting now.
+    fn next_incarnation(&self) -> TaskIncarnation {
+        let next = self.incarnation.get().next();
+        self.incarnation.set(next);
+        next
+    }
+
     /// A backup's entries went out and its marker is next: the crash
     /// [`CRASH_IN_BACKUP`] asks for happens here.
     fn backup_entries_sent(&self, partition: i32) {
@@ -369,6 +380,8 @@ pub fn run_pipeline<O: ServiceOperator>(
         codec: &codec,
         crash_in_backup,
         backups_sent: std::cell::Cell::new(0),
+        incarnation: std::cell::Cell::new(TaskIncarnation::default()),
+        source_positions: config.source_positions(),
     };
     let started = Instant::now();
     let mut tasks: BTreeMap<i32, Task<O>> = BTreeMap::new();
@@ -406,7 +419,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         if !revoked.is_empty() {
             // The revocation flushed the producers: the revoked tasks get their
             // delivery reports before they go.
-            worked |= deliver_reports(&shared, &mut tasks, &mut events, now_ms);
+            worked |= deliver_reports(&shared, &mut tasks, &mut parked_tasks, &mut events, now_ms);
         }
         for partition in revoked {
             if tasks.remove(&partition).is_some() {
@@ -420,7 +433,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         if !lost.is_empty() {
             // The loss flushed the producers: the tasks get their delivery
             // reports before they are parked, and the changelog's end is final.
-            worked |= deliver_reports(&shared, &mut tasks, &mut events, now_ms);
+            worked |= deliver_reports(&shared, &mut tasks, &mut parked_tasks, &mut events, now_ms);
         }
         for partition in lost {
             let Some(task) = tasks.remove(&partition) else { continue };
@@ -463,6 +476,9 @@ pub fn run_pipeline<O: ServiceOperator>(
                 "partition given back: its kept task goes on where it stopped (nothing else wrote its changelog); no \
                  failure"
             );
+            for event in std::mem::take(&mut task.parked_reports) {
+                task.delivered(&shared, event, now_ms);
+            }
             if stopping.is_some() {
                 task.begin_stop(&shared);
             }
@@ -549,7 +565,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         for task in tasks.values_mut() {
             worked |= task.step(&shared, now_ms, stopping.is_some());
         }
-        worked |= deliver_reports(&shared, &mut tasks, &mut events, now_ms);
+        worked |= deliver_reports(&shared, &mut tasks, &mut parked_tasks, &mut events, now_ms);
         for task in tasks.values_mut() {
             worked |= task.flush(&shared, now_ms);
         }
@@ -561,7 +577,7 @@ pub fn run_pipeline<O: ServiceOperator>(
                 .all(|p| tasks.get(p).is_none_or(|t| t.driver.is_stopped()));
             if stopped || revocation.since.elapsed() > STOP_DEADLINE {
                 context.flush_producers();
-                deliver_reports(&shared, &mut tasks, &mut events, now_ms);
+                deliver_reports(&shared, &mut tasks, &mut parked_tasks, &mut events, now_ms);
                 for partition in &revocation.partitions {
                     match tasks.remove(partition) {
                         Some(task) if task.driver.is_stopped() => {

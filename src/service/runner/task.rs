@@ -13,7 +13,7 @@ use crate::core::{
     Ack, BackupEntry, Blocked, ControllerConfig, DriverStats, MarkedState, Mode, ResumeSource, TaskDriver,
 };
 use crate::service::codec::{Codec, ServiceOperator};
-use crate::service::kafka::{is_permanent, ChangelogLoader, Delivery, DeliveryEvent};
+use crate::service::kafka::{is_permanent, ChangelogLoader, Delivery, DeliveryEvent, TaskIncarnation};
 use crate::service::metrics::{TaskMetrics, TaskPosition};
 use crate::service::store::{StoreMeta, TaskStore};
 use crate::service::ServiceError;
@@ -48,6 +48,11 @@ fn report_lost_state(shared: &Shared<'_>, partition: i32, committed: u64) {
 /// One operator on one input partition.
 pub(super) struct Task<O: ServiceOperator> {
     pub(super) partition: i32,
+    /// This run of the task: the delivery reports of its records name it.
+    pub(super) incarnation: TaskIncarnation,
+    /// Reports that arrived while the task was parked (its partition lost),
+    /// delivered when the group gives the partition back.
+    pub(super) parked_reports: Vec<DeliveryEvent>,
     pub(super) driver: TaskDriver<O>,
     pub(super) queue: PartitionQueue<GroupContext>,
     pub(super) batch: InputBatch<O>,
@@ -65,7 +70,7 @@ pub(super) struct Task<O: ServiceOperator> {
 impl<O: ServiceOperator> Task<O> {
     pub(super) fn io<'a>(
         shared: &'a Shared<'a>,
-        partition: i32,
+        (partition, incarnation): (i32, TaskIncarnation),
         flight: &'a mut Flight,
         key: &'a mut Vec<u8>,
         value: &'a mut Vec<u8>,
@@ -74,6 +79,7 @@ impl<O: ServiceOperator> Task<O> {
         KafkaIo {
             shared,
             partition,
+            incarnation,
             flight,
             key,
             value,
@@ -236,7 +242,15 @@ impl<O: ServiceOperator> Task<O> {
             ..Flight::default()
         };
         let (mut key, mut value) = (Vec::new(), Vec::new());
-        let mut io = Self::io(shared, partition, &mut flight, &mut key, &mut value, RawRecords::NONE);
+        let incarnation = shared.next_incarnation();
+        let mut io = Self::io(
+            shared,
+            (partition, incarnation),
+            &mut flight,
+            &mut key,
+            &mut value,
+            RawRecords::NONE,
+        );
         #[allow(unused_mut)]
         let mut driver =
             TaskDriver::start(controller, operator, &plan, rolled_back, now_ms, &mut io).map_err(restore_error)?;
@@ -290,6 +304,8 @@ impl<O: ServiceOperator> Task<O> {
         }
         Ok(Task {
             partition: assigned.partition,
+            incarnation,
+            parked_reports: Vec::new(),
             driver,
             queue,
             batch: InputBatch::new(plan.resume_offset),
@@ -430,7 +446,7 @@ impl<O: ServiceOperator> Task<O> {
         self.flight.unwritten |= matches!(ack, Ack::BackupWritten(_) | Ack::BackupFailed(_));
         let mut io = Self::io(
             shared,
-            self.partition,
+            (self.partition, self.incarnation),
             &mut self.flight,
             &mut self.key,
             &mut self.value,
@@ -540,7 +556,7 @@ impl<O: ServiceOperator> Task<O> {
         };
         let mut io = Self::io(
             shared,
-            self.partition,
+            (self.partition, self.incarnation),
             &mut self.flight,
             &mut self.key,
             &mut self.value,
@@ -614,7 +630,7 @@ impl<O: ServiceOperator> Task<O> {
     pub(super) fn feedback(&mut self, shared: &Shared<'_>, codec: &Codec, value: &[u8]) {
         let mut io = Self::io(
             shared,
-            self.partition,
+            (self.partition, self.incarnation),
             &mut self.flight,
             &mut self.key,
             &mut self.value,
@@ -633,7 +649,7 @@ impl<O: ServiceOperator> Task<O> {
         self.before_stop = Some(self.driver.stats());
         let mut io = Self::io(
             shared,
-            self.partition,
+            (self.partition, self.incarnation),
             &mut self.flight,
             &mut self.key,
             &mut self.value,
