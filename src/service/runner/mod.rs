@@ -73,9 +73,9 @@ const POLL_BATCH: usize = 500;
 /// The shortest and longest sleep of an idle loop round.
 const IDLE_WAIT_MIN: Duration = Duration::from_micros(100);
 const IDLE_WAIT_MAX: Duration = Duration::from_millis(5);
-/// The longest sleep while a task's input waits on an acknowledgement: the
-/// window (l items past the last marker) is a few milliseconds of input, so a
-/// late wake-up is a stall of its own.
+/// The longest sleep while a task's input waits on an acknowledgement (γ
+/// outputs unacknowledged, or its start marker): those are a few
+/// milliseconds of input, so a late wake-up is a stall of its own.
 const AWAIT_WAIT_MAX: Duration = Duration::from_micros(200);
 /// The headers of a dead letter: where its record came from and why it was refused.
 pub const DEAD_LETTER_TOPIC_HEADER: &str = "afstream.source.topic";
