@@ -203,12 +203,17 @@ impl DriftSlots {
             Norm::Max => {
                 let drift = (value - backed).abs();
                 self.running_max = self.running_max.max(drift);
-                let flagged = self.has(index, OVER);
-                if flagged && drift >= self.over_max {
-                    // A listed slot growing past the maximum (a hot counter):
-                    // every listed drift is over the threshold, so this one is.
-                    self.over_max = drift;
-                } else if flagged || drift > self.write_threshold() {
+                if self.has(index, OVER) {
+                    if drift >= self.over_max {
+                        // A listed slot growing past the maximum (a hot counter):
+                        // every listed drift is over the threshold, so this one is.
+                        self.over_max = drift;
+                    } else if drift <= self.write_threshold() || (old - backed).abs() >= self.over_max {
+                        // It leaves the list, or it held the maximum and shrank.
+                        self.update_over(index, (old - backed).abs(), drift);
+                    }
+                    // Otherwise it stays listed under the maximum: nothing moves.
+                } else if drift > self.write_threshold() {
                     self.update_over(index, (old - backed).abs(), drift);
                 }
             }
