@@ -1106,7 +1106,7 @@ fn a_committed_offset_without_a_marker_is_reported_as_lost_state() {
 /// the run goes on: it used to stop the process, and every restart replayed
 /// the same record into the same error.
 #[test]
-fn an_output_over_the_record_limit_is_dead_lettered_and_the_run_goes_on() {
+fn an_output_or_a_refused_input_over_the_record_limit_is_dead_lettered_cut_and_the_run_goes_on() {
     use afstream::service::runner::{DEAD_LETTER_OFFSET_HEADER, DEAD_LETTER_REASON_HEADER};
     let dir = test_dir("grep-oversized");
     let broker = Broker::start(&dir);
@@ -1131,21 +1131,36 @@ fn an_output_over_the_record_limit_is_dead_lettered_and_the_run_goes_on() {
     let mut records: Vec<InputRecord> = (0..300).map(|i| line(format!("line {i} match"))).collect();
     let oversized_at = 150;
     records[oversized_at] = line(format!("match {}", "x".repeat(10_000)));
+    // An input record as large, refused (not UTF-8): its dead letter is cut too.
+    let refused_at = 200;
+    records[refused_at] = InputRecord {
+        key: None,
+        value: vec![0xff; 10_000],
+    };
     produce(&broker.kafka(), &p.input, 1, &records).expect("produce the lines");
 
     let service = run_to_end(&p, "run.log");
 
     let outputs = broker.read_topic(&p.output);
-    assert_eq!(outputs.len(), 299, "every other matching line is an output");
+    assert_eq!(outputs.len(), 298, "every other matching line is an output");
     let dead = broker.read_topic(&format!("{}-dead-letters", p.group));
-    assert_eq!(dead.len(), 1, "one dead letter, the oversized output: {dead:?}");
     assert_eq!(
-        dead[0].header(DEAD_LETTER_OFFSET_HEADER),
-        Some(oversized_at.to_string().as_str())
+        dead.len(),
+        2,
+        "two dead letters, the oversized output and input: {dead:?}"
     );
-    let reason = dead[0].header(DEAD_LETTER_REASON_HEADER).unwrap_or_default();
-    assert!(reason.contains("message.max.bytes"), "{reason}");
-    assert_eq!(dead[0].value.len(), 1024, "cut to its first bytes");
+    for (letter, at) in dead.iter().zip([oversized_at, refused_at]) {
+        assert_eq!(letter.header(DEAD_LETTER_OFFSET_HEADER), Some(at.to_string().as_str()));
+        let reason = letter.header(DEAD_LETTER_REASON_HEADER).unwrap_or_default();
+        assert!(reason.contains("message.max.bytes"), "{reason}");
+        assert_eq!(letter.value.len(), 1024, "cut to its first bytes");
+    }
+    assert!(
+        dead[1]
+            .header(DEAD_LETTER_REASON_HEADER)
+            .is_some_and(|reason| reason.contains("does not decode")),
+        "the refused record's own reason comes first"
+    );
     assert!(log_lines(&service.log, "recovered from a failure").is_empty());
 }
 

@@ -16,7 +16,7 @@ use crate::core::{source_identity, Ack, BackupBatch, BackupEntry, BackupMarker, 
 use crate::service::codec::ServiceOperator;
 use crate::service::kafka::{Delivery, DeliveryEvent, DeliveryReports, FailedRecord, TaskIncarnation};
 
-use super::input::RawRecords;
+use super::input::{RawRecord, RawRecords};
 use super::task::Task;
 use super::{
     Shared, DEAD_LETTER_OFFSET_HEADER, DEAD_LETTER_PARTITION_HEADER, DEAD_LETTER_REASON_HEADER,
@@ -267,6 +267,11 @@ pub(super) fn send_to_changelog(
 /// output it was, well under any broker's record limit.
 const OVERSIZED_KEPT: usize = 1024;
 
+/// What of a record too large to forward its dead letter keeps.
+fn first_bytes(part: Option<&[u8]>) -> Option<&[u8]> {
+    part.map(|bytes| &bytes[..bytes.len().min(OVERSIZED_KEPT)])
+}
+
 /// The headers of a dead letter: the input record it comes from and why.
 fn dead_letter_headers(input: &str, partition: i32, offset: u64, reason: &str) -> OwnedHeaders {
     let (partition, offset) = (partition.to_string(), offset.to_string());
@@ -290,6 +295,26 @@ fn dead_letter_headers(input: &str, partition: i32, offset: u64, reason: &str) -
 }
 
 impl<O: ServiceOperator> KafkaIo<'_, O> {
+    /// Sends the dead letter of the refused input record at `offset`.
+    fn send_dead_letter(
+        &self,
+        delivery: Delivery,
+        offset: u64,
+        (key, value): RawRecord<'_>,
+        reason: &str,
+    ) -> Result<(), KafkaError> {
+        let topics = self.shared.topics;
+        let headers = dead_letter_headers(&topics.input, self.partition, offset, reason);
+        let mut record = BaseRecord::with_opaque_to(&topics.dead_letters, delivery.pack()).headers(headers);
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        if let Some(value) = value {
+            record = record.payload(value);
+        }
+        send(self.shared.producer, record)
+    }
+
     /// A record of the item at `offset` could not be sent: the task ends
     /// with this error.
     fn send_failed(&mut self, what: &str, topic: &str, offset: u64, error: &KafkaError) {
@@ -437,19 +462,24 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
             );
             (None, None)
         });
-        let headers = dead_letter_headers(&topics.input, self.partition, offset, &reason.to_string());
         let delivery = Delivery::DeadLetter {
             task: self.incarnation,
             offset,
         };
-        let mut record = BaseRecord::with_opaque_to(&topics.dead_letters, delivery.pack()).headers(headers);
-        if let Some(key) = key {
-            record = record.key(key);
-        }
-        if let Some(value) = value {
-            record = record.payload(value);
-        }
-        if let Err(error) = send(self.shared.producer, record) {
+        let reason = reason.to_string();
+        let sent = match self.send_dead_letter(delivery, offset, (key, value), &reason) {
+            // Too large to forward whole: its first bytes, and why.
+            Err(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)) => {
+                let size = key.map_or(0, <[u8]>::len) + value.map_or(0, <[u8]>::len);
+                let reason = format!(
+                    "{reason}; the record of {size} bytes is over the producer's message.max.bytes: its first \
+                     {OVERSIZED_KEPT} bytes of value (and of key) are kept here"
+                );
+                self.send_dead_letter(delivery, offset, (first_bytes(key), first_bytes(value)), &reason)
+            }
+            other => other,
+        };
+        if let Err(error) = sent {
             self.send_failed("a dead letter", &topics.dead_letters, offset, &error);
         }
         self.flight.dead_letters_in_flight += 1;
