@@ -90,6 +90,17 @@ pub fn partition_count(kafka: &KafkaConfig, topic: &str) -> Result<Option<usize>
 }
 
 /// [`partition_count`] through a client already open.
+/// How many replicas a topic's first partition has (none if it is missing).
+fn replicas_of(client: &BaseConsumer, topic: &str) -> Result<Option<usize>, KafkaSetupError> {
+    let metadata = client.fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
+    Ok(metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .and_then(|t| t.partitions().first())
+        .map(|p| p.replicas().len()))
+}
+
 fn partitions_of(client: &BaseConsumer, topic: &str) -> Result<Option<usize>, KafkaSetupError> {
     let metadata = client.fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
     Ok(metadata
@@ -192,7 +203,7 @@ pub fn ensure_topics(kafka: &KafkaConfig, topics: &[TopicSpec<'_>]) -> Result<()
                     reason: format!("has {found} partitions, needs at least {}", topic.partitions),
                 })
             }
-            Some(_) if topic.compacted => compacted.push(topic.name),
+            Some(_) if topic.compacted => compacted.push((topic.name, replicas_of(&client, topic.name)?)),
             Some(_) => {}
             None => missing.push(topic),
         }
@@ -213,10 +224,14 @@ pub fn ensure_topics(kafka: &KafkaConfig, topics: &[TopicSpec<'_>]) -> Result<()
                 i32::try_from(t.partitions).unwrap_or(i32::MAX),
                 TopicReplication::Fixed(kafka.replication_factor),
             );
-            if t.compacted {
-                topic.set("cleanup.policy", "compact")
-            } else {
-                topic
+            match (t.compacted, kafka.replication_factor) {
+                // Kafka's advice for durable topics: three replicas, two of them
+                // in sync for a write to count.
+                (true, replicas) if replicas >= 3 => {
+                    topic.set("cleanup.policy", "compact").set("min.insync.replicas", "2")
+                }
+                (true, _) => topic.set("cleanup.policy", "compact"),
+                (false, _) => topic,
             }
         })
         .collect();
@@ -253,13 +268,17 @@ pub fn ensure_topics(kafka: &KafkaConfig, topics: &[TopicSpec<'_>]) -> Result<()
 /// Refuses a topic that must be compacted (a changelog) but is not: with
 /// `cleanup.policy=delete` the broker drops old records by age or size, and
 /// with them keys the last marker's state holds, so a recovery would restore
-/// a state with keys missing and no error to show for it. A broker that does
-/// not describe topic configs cannot be checked: that is logged, not refused.
-fn check_compacted(admin: &AdminClient<DefaultClientContext>, topics: &[&str]) -> Result<(), KafkaSetupError> {
+/// a state with keys missing and no error to show for it. Checks its
+/// replication too ([`changelog_durability`]). A broker that does not
+/// describe topic configs cannot be checked: that is logged, not refused.
+fn check_compacted(
+    admin: &AdminClient<DefaultClientContext>,
+    topics: &[(&str, Option<usize>)],
+) -> Result<(), KafkaSetupError> {
     if topics.is_empty() {
         return Ok(());
     }
-    let specifiers: Vec<ResourceSpecifier<'_>> = topics.iter().map(|t| ResourceSpecifier::Topic(t)).collect();
+    let specifiers: Vec<ResourceSpecifier<'_>> = topics.iter().map(|(t, _)| ResourceSpecifier::Topic(t)).collect();
     let options = AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT));
     let results = match futures_executor::block_on(admin.describe_configs(specifiers.iter(), &options)) {
         Ok(results) => results,
@@ -268,24 +287,25 @@ fn check_compacted(admin: &AdminClient<DefaultClientContext>, topics: &[&str]) -
             return Ok(());
         }
     };
-    for (topic, result) in topics.iter().zip(results) {
-        let policy = match result {
-            Ok(resource) => resource.get("cleanup.policy").and_then(|entry| entry.value.clone()),
+    for (&(topic, replicas), result) in topics.iter().zip(results) {
+        let resource = match result {
+            Ok(resource) => resource,
             Err(code) => {
                 tracing::warn!(topic, %code, "cannot read the changelog's cleanup.policy; not checked");
                 continue;
             }
         };
-        match policy {
+        let refuse = |reason: String| KafkaSetupError::Topic {
+            topic: topic.to_string(),
+            reason,
+        };
+        match resource.get("cleanup.policy").and_then(|entry| entry.value.clone()) {
             Some(policy) if !is_compacted(&policy) => {
-                return Err(KafkaSetupError::Topic {
-                    topic: topic.to_string(),
-                    reason: format!(
-                        "its cleanup.policy is {policy:?}: a changelog must be compacted (cleanup.policy=compact), \
-                         or the broker deletes records a recovery needs; change the topic's policy or name another \
-                         changelog_topic"
-                    ),
-                });
+                return Err(refuse(format!(
+                    "its cleanup.policy is {policy:?}: a changelog must be compacted (cleanup.policy=compact), \
+                     or the broker deletes records a recovery needs; change the topic's policy or name another \
+                     changelog_topic"
+                )));
             }
             Some(_) => {}
             None => tracing::warn!(
@@ -293,8 +313,39 @@ fn check_compacted(admin: &AdminClient<DefaultClientContext>, topics: &[&str]) -
                 "the broker reports no cleanup.policy for the changelog; not checked"
             ),
         }
+        let min_insync = resource
+            .get("min.insync.replicas")
+            .and_then(|entry| entry.value.as_deref())
+            .and_then(|value| value.parse().ok());
+        match (replicas, min_insync) {
+            (Some(replicas), Some(min_insync)) => {
+                if let Some(warning) = changelog_durability(replicas, min_insync).map_err(refuse)? {
+                    tracing::warn!(topic, replicas, min_insync, "{warning}");
+                }
+            }
+            _ => tracing::debug!(topic, "the changelog's replication is not reported; not checked"),
+        }
     }
     Ok(())
+}
+
+/// What a changelog's replication means for the backups it acknowledges:
+/// an error when no write can ever be acknowledged (more replicas must be
+/// in sync than there are), a warning when one replica's loss can lose an
+/// acknowledged backup although the topic has others.
+fn changelog_durability(replicas: usize, min_insync: usize) -> Result<Option<String>, String> {
+    if min_insync > replicas {
+        return Err(format!(
+            "its min.insync.replicas is {min_insync} but it has {replicas} replica(s): the broker would refuse \
+             every write (NotEnoughReplicas); lower min.insync.replicas or add replicas"
+        ));
+    }
+    Ok((replicas >= 2 && min_insync < 2).then(|| {
+        format!(
+            "the changelog has {replicas} replicas but min.insync.replicas = {min_insync}: a backup the leader \
+             alone acknowledged is lost with it; set min.insync.replicas = 2"
+        )
+    }))
 }
 
 /// Whether a `cleanup.policy` value compacts: `compact`, or `compact,delete`
@@ -823,6 +874,16 @@ impl ProducerContext for DeliveryReports {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_changelog_that_can_take_no_write_is_refused_and_one_that_can_lose_one_is_warned_of() {
+        assert!(changelog_durability(1, 2).is_err(), "more in sync than replicas");
+        assert!(changelog_durability(3, 4).unwrap_err().contains("NotEnoughReplicas"));
+        assert!(changelog_durability(3, 1).unwrap().is_some(), "the leader alone");
+        assert!(changelog_durability(2, 1).unwrap().is_some());
+        assert_eq!(changelog_durability(3, 2), Ok(None));
+        assert_eq!(changelog_durability(1, 1), Ok(None), "one broker: nothing to ask for");
+    }
 
     #[test]
     fn only_a_policy_that_compacts_is_a_changelog_policy() {

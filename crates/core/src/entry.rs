@@ -114,16 +114,8 @@ impl<'a> PayloadReader<'a> {
     }
 
     fn take<const N: usize>(&mut self) -> Result<[u8; N], CoreError> {
-        if self.bytes.len() < N {
-            return Err(CoreError::undecodable(
-                self.what,
-                format!("truncated: needed {N} more bytes, {} left", self.bytes.len()),
-            ));
-        }
-        let (head, rest) = self.bytes.split_at(N);
-        self.bytes = rest;
         let mut out = [0u8; N];
-        out.copy_from_slice(head);
+        out.copy_from_slice(self.bytes(N)?);
         Ok(out)
     }
 
