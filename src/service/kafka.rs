@@ -11,6 +11,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Message, OwnedHeaders};
+use rdkafka::metadata::MetadataTopic;
 use rdkafka::producer::{DeliveryResult, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
@@ -89,26 +90,29 @@ pub fn partition_count(kafka: &KafkaConfig, topic: &str) -> Result<Option<usize>
     partitions_of(&client, topic)
 }
 
-/// [`partition_count`] through a client already open.
-/// How many replicas a topic's first partition has (none if it is missing).
-fn replicas_of(client: &BaseConsumer, topic: &str) -> Result<Option<usize>, KafkaSetupError> {
-    let metadata = client.fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
-    Ok(metadata
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .and_then(|t| t.partitions().first())
-        .map(|p| p.replicas().len()))
-}
-
-fn partitions_of(client: &BaseConsumer, topic: &str) -> Result<Option<usize>, KafkaSetupError> {
+/// What `read` finds in `topic`'s metadata, or `None` if the topic does not exist.
+fn described<T>(
+    client: &BaseConsumer,
+    topic: &str,
+    read: impl FnOnce(&MetadataTopic) -> Option<T>,
+) -> Result<Option<T>, KafkaSetupError> {
     let metadata = client.fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
     Ok(metadata
         .topics()
         .iter()
         .find(|t| t.name() == topic)
         .filter(|t| t.error().is_none() && !t.partitions().is_empty())
-        .map(|t| t.partitions().len()))
+        .and_then(read))
+}
+
+/// [`partition_count`] through a client already open.
+fn partitions_of(client: &BaseConsumer, topic: &str) -> Result<Option<usize>, KafkaSetupError> {
+    described(client, topic, |t| Some(t.partitions().len()))
+}
+
+/// How many replicas a topic's first partition has.
+fn replicas_of(client: &BaseConsumer, topic: &str) -> Result<Option<usize>, KafkaSetupError> {
+    described(client, topic, |t| t.partitions().first().map(|p| p.replicas().len()))
 }
 
 /// Whether a setup request failed only because the brokers could not be
