@@ -636,6 +636,10 @@ where
         let processed = self.driver.controller().processed();
         self.add_totals();
         let lost_outputs = self.broker.crash();
+        if let Some(local) = &self.local {
+            // What the process staged and never wrote dies with it.
+            local.store.drop_staged();
+        }
         if self.broker.rng.gen_bool(0.5) {
             self.broker.compact();
         }
@@ -746,8 +750,6 @@ where
     /// decides: otherwise the store may not know every key the log holds).
     fn restarts_on_store(&mut self, last_marker: Option<&BackupMarker>) -> bool {
         let Some(local) = &self.local else { return false };
-        // What the process staged and never wrote dies with it.
-        local.store.drop_staged();
         let kept = self.broker.rng.gen_bool(self.options.local_restarts.clamp(0.0, 1.0));
         kept && self.config.mode != Mode::None && last_marker.is_some_and(|m| m.writer == local.id)
     }

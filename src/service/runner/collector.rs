@@ -346,12 +346,12 @@ impl<O: ServiceOperator> KafkaIo<'_, O> {
         );
         let topics = self.shared.topics;
         let headers = dead_letter_headers(&topics.input, self.partition, item_offset, &reason);
-        let value = &self.value[..self.value.len().min(OVERSIZED_KEPT)];
-        let mut record = BaseRecord::with_opaque_to(&topics.dead_letters, delivery.pack())
-            .headers(headers)
-            .payload(value);
-        if keyed {
-            record = record.key(&self.key[..self.key.len().min(OVERSIZED_KEPT)]);
+        let mut record = BaseRecord::with_opaque_to(&topics.dead_letters, delivery.pack()).headers(headers);
+        if let Some(value) = first_bytes(Some(self.value.as_slice())) {
+            record = record.payload(value);
+        }
+        if let Some(key) = first_bytes(keyed.then_some(self.key.as_slice())) {
+            record = record.key(key);
         }
         if let Err(error) = send(self.shared.producer, record) {
             self.send_failed(
