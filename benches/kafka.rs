@@ -39,11 +39,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use afstream::operators::Consistency;
+use afstream::service::clients::assigned_reader;
 use afstream::service::config::{self, Config, ModeName, OperatorConfig};
-use afstream::service::kafka::{client_config, partition_count, ClientRole};
+use afstream::service::kafka::partition_count;
 use afstream::service::produce::{produce, Encoder, Workload};
 use afstream::service::{run, RunOptions};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde_json::json;
 
@@ -146,13 +147,7 @@ fn raw_consumption(config: &Config, topic: &str, run: usize, items: u64, bytes_i
     let mut kafka = config.kafka.clone();
     kafka.group_id = format!("bench-raw-{run}-{}", std::process::id());
     let partitions = partition_count(&kafka, topic).expect("metadata").expect("topic");
-    let consumer: BaseConsumer = client_config(
-        &kafka,
-        ClientRole::Consumer,
-        &[("group.id", kafka.group_id.as_str()), ("enable.auto.commit", "false")],
-    )
-    .create()
-    .expect("a consumer");
+    let consumer = assigned_reader(&kafka, &kafka.group_id, false).expect("a consumer");
     let mut assignment = TopicPartitionList::new();
     for partition in 0..partitions as i32 {
         assignment

@@ -1,4 +1,4 @@
-//! The Kafka side: client settings, topic checks and creation, reading a
+//! The Kafka side: topic checks and creation, reading a
 //! changelog partition, and the producer's delivery reports.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Message, OwnedHeaders};
@@ -15,6 +14,7 @@ use rdkafka::metadata::MetadataTopic;
 use rdkafka::producer::{DeliveryResult, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
+use super::clients::{admin_client, assigned_reader, metadata_client};
 use super::config::KafkaConfig;
 use crate::core::{BackupEntry, BackupMarker, ChangelogReader, ChangelogState, EntryBytes};
 
@@ -48,45 +48,9 @@ pub enum KafkaSetupError {
     },
 }
 
-/// What a client is for: `kafka.properties` keys prefixed `consumer.` or
-/// `producer.` (Kafka Streams' convention) go to that kind of client only.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ClientRole {
-    Consumer,
-    Producer,
-    Admin,
-}
-
-impl ClientRole {
-    /// The librdkafka property a configured key sets for this role, if any.
-    fn property(self, key: &str) -> Option<&str> {
-        match (key.strip_prefix("consumer."), key.strip_prefix("producer.")) {
-            (Some(property), _) => (self == ClientRole::Consumer).then_some(property),
-            (_, Some(property)) => (self == ClientRole::Producer).then_some(property),
-            _ => Some(key),
-        }
-    }
-}
-
-/// The settings of a client: the brokers, afstream's defaults, then the user's
-/// properties for its role.
-pub fn client_config(kafka: &KafkaConfig, role: ClientRole, defaults: &[(&str, &str)]) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", &kafka.bootstrap_servers);
-    for (key, value) in defaults {
-        config.set(*key, *value);
-    }
-    for (key, value) in &kafka.properties {
-        if let Some(property) = role.property(key) {
-            config.set(property, value);
-        }
-    }
-    config
-}
-
 /// The number of partitions of `topic`, or `None` if it does not exist.
 pub fn partition_count(kafka: &KafkaConfig, topic: &str) -> Result<Option<usize>, KafkaSetupError> {
-    let client: BaseConsumer = client_config(kafka, ClientRole::Consumer, &[]).create()?;
+    let client = metadata_client(kafka)?;
     partitions_of(&client, topic)
 }
 
@@ -196,7 +160,7 @@ pub struct TopicSpec<'a> {
 /// Creates the topics that are missing and checks that the others have at least
 /// the partitions asked for.
 pub fn ensure_topics(kafka: &KafkaConfig, topics: &[TopicSpec<'_>]) -> Result<(), KafkaSetupError> {
-    let client: BaseConsumer = client_config(kafka, ClientRole::Consumer, &[]).create()?;
+    let client = metadata_client(kafka)?;
     let mut missing = Vec::new();
     let mut compacted = Vec::new();
     for topic in topics {
@@ -215,7 +179,7 @@ pub fn ensure_topics(kafka: &KafkaConfig, topics: &[TopicSpec<'_>]) -> Result<()
     if missing.is_empty() && compacted.is_empty() {
         return Ok(());
     }
-    let admin: AdminClient<DefaultClientContext> = client_config(kafka, ClientRole::Admin, &[]).create()?;
+    let admin = admin_client(kafka)?;
     check_compacted(&admin, &compacted)?;
     if missing.is_empty() {
         return Ok(());
@@ -369,16 +333,7 @@ impl TopicReader {
     pub fn new(kafka: &KafkaConfig, purpose: &str) -> Result<Self, KafkaSetupError> {
         // librdkafka assigns only with a group id; this one is never joined.
         let group = format!("{}-{purpose}", kafka.group_id);
-        let consumer: BaseConsumer = client_config(
-            kafka,
-            ClientRole::Consumer,
-            &[
-                ("group.id", group.as_str()),
-                ("enable.auto.commit", "false"),
-                ("enable.partition.eof", "true"),
-            ],
-        )
-        .create()?;
+        let consumer = assigned_reader(kafka, &group, true)?;
         Ok(TopicReader { consumer })
     }
 
@@ -943,32 +898,6 @@ mod tests {
             "{text}"
         );
         assert!(!is_unreachable(&error), "given up: not asked again by a caller");
-    }
-
-    #[test]
-    fn prefixed_properties_go_to_their_kind_of_client_only() {
-        let kafka = KafkaConfig {
-            group_id: "g".into(),
-            properties: [
-                ("consumer.fetch.wait.max.ms", "10"),
-                ("producer.linger.ms", "50"),
-                ("client.id", "afstream-test"),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-            ..KafkaConfig::new("broker:9092")
-        };
-        let consumer = client_config(&kafka, ClientRole::Consumer, &[]);
-        assert_eq!(consumer.get("fetch.wait.max.ms"), Some("10"));
-        assert_eq!(consumer.get("linger.ms"), None);
-        assert_eq!(consumer.get("client.id"), Some("afstream-test"));
-        let producer = client_config(&kafka, ClientRole::Producer, &[("linger.ms", "5")]);
-        assert_eq!(producer.get("linger.ms"), Some("50"), "the user's property wins");
-        assert_eq!(producer.get("fetch.wait.max.ms"), None);
-        let admin = client_config(&kafka, ClientRole::Admin, &[]);
-        assert_eq!((admin.get("fetch.wait.max.ms"), admin.get("linger.ms")), (None, None));
-        assert_eq!(admin.get("bootstrap.servers"), Some("broker:9092"));
     }
 
     #[test]

@@ -17,6 +17,7 @@
 
 pub mod check;
 pub mod child;
+pub mod clients;
 pub mod codec;
 pub mod config;
 pub mod convergence;

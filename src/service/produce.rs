@@ -10,15 +10,16 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientContext;
 
+use super::clients::idempotent_producer;
 use super::codec::{
     Codec, FeatureRecord, FlowPacketRecord, JoinTupleRecord, KeyedValueRecord, LabeledVectorRecord, ServiceOperator,
     TextLineRecord,
 };
 use super::config::{AvroConfig, Format, KafkaConfig, OperatorConfig};
-use super::kafka::{client_config, ensure_topics, ClientRole, TopicSpec, REQUEST_TIMEOUT};
+use super::kafka::{ensure_topics, TopicSpec, REQUEST_TIMEOUT};
 use super::ServiceError;
 use crate::operators::{HeavyHitters, KeyedAggregation, OnlineJoin, OnlineLogisticRegression, Side, WordCount};
 use crate::workloads;
@@ -367,12 +368,7 @@ pub fn produce_from(
             compacted: false,
         }],
     )?;
-    let producer: BaseProducer<Failures> = client_config(
-        kafka,
-        ClientRole::Producer,
-        &[("enable.idempotence", "true"), ("linger.ms", "20")],
-    )
-    .create_with_context(Failures::default())?;
+    let producer = idempotent_producer(kafka, "20", &[], Failures::default())?;
     let progress = match options.progress {
         Some(Some(total)) => ProgressBar::new(total),
         Some(None) => ProgressBar::new_spinner(),

@@ -50,3 +50,17 @@ pub const FAULT_SLOW_TASK_START_MS: &str = "AFSTREAM_FAULT_SLOW_TASK_START_MS";
 /// the last marker. Counted over the process's tasks; a marker-only backup
 /// does not count.
 pub const CRASH_IN_BACKUP: &str = "AFSTREAM_CRASH_IN_BACKUP";
+
+/// The backup [`CRASH_IN_BACKUP`] asks this process to die in, if any.
+pub(super) fn crash_in_backup() -> Result<Option<u64>, crate::service::ServiceError> {
+    let Ok(value) = std::env::var(CRASH_IN_BACKUP) else {
+        return Ok(None);
+    };
+    let at = value.trim().parse::<u64>().map_err(|e| {
+        crate::service::ServiceError::Unsupported(format!(
+            "{CRASH_IN_BACKUP}={value:?}: a backup number is expected ({e})"
+        ))
+    })?;
+    tracing::warn!("{CRASH_IN_BACKUP} is set: this process SIGKILLs itself in the middle of backup {at}");
+    Ok(Some(at))
+}

@@ -8,12 +8,14 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
+use crate::service::clients::assigned_reader;
 use crate::service::codec::{Codec, ServiceOperator};
 use crate::service::config::Config;
-use crate::service::kafka::{
-    client_config, ensure_topics, partition_count, patiently, ClientRole, KafkaSetupError, TopicSpec,
-};
+use crate::service::kafka::{ensure_topics, partition_count, patiently, KafkaSetupError, TopicSpec};
 use crate::service::ServiceError;
+
+use super::task::Task;
+use super::Shared;
 
 /// Empties a list the rebalance callback fills (empty when its lock is poisoned).
 /// The pipeline's feedback topic: every record to every task, from the last
@@ -59,16 +61,7 @@ impl FeedbackReader {
             partition_count(kafka, topic)
         })?
         .ok_or_else(|| KafkaSetupError::MissingTopic(topic.clone()))?;
-        let consumer: BaseConsumer = client_config(
-            kafka,
-            ClientRole::Consumer,
-            &[
-                ("group.id", &format!("{}-feedback", kafka.group_id)),
-                ("enable.auto.commit", "false"),
-                ("enable.auto.offset.store", "false"),
-            ],
-        )
-        .create()?;
+        let consumer = assigned_reader(kafka, &format!("{}-feedback", kafka.group_id), false)?;
         let mut assignment = TopicPartitionList::new();
         for partition in 0..partitions as i32 {
             assignment.add_partition_offset(topic, partition, Offset::OffsetTail(1))?;
@@ -82,8 +75,28 @@ impl FeedbackReader {
         }))
     }
 
+    /// Hands every record that arrived since the last call to every task,
+    /// and keeps the last for the tasks that start later. Whether any arrived.
+    pub(super) fn hand_to<'t, O: ServiceOperator + 't>(
+        &mut self,
+        shared: &Shared<'_>,
+        tasks: impl Iterator<Item = &'t mut Task<O>>,
+    ) -> bool {
+        let values = self.poll();
+        let Some(last) = values.last().cloned() else {
+            return false;
+        };
+        for task in tasks {
+            for value in &values {
+                task.feedback(shared, &self.codec, value);
+            }
+        }
+        self.latest = Some(last);
+        true
+    }
+
     /// The records that arrived since the last call.
-    pub(super) fn poll(&mut self) -> Vec<Vec<u8>> {
+    fn poll(&mut self) -> Vec<Vec<u8>> {
         let mut records = Vec::new();
         while let Some(result) = self.consumer.poll(Duration::ZERO) {
             match result {

@@ -16,12 +16,14 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::core::{BackupMarker, ControllerConfig, Mode, RecoveryPlan};
+use crate::service::config::Config;
 use crate::service::kafka::{ChangelogLoader, DeliveryReports, REQUEST_TIMEOUT};
 use crate::service::metrics::TaskMetrics;
 use crate::service::store::{StoreMeta, TaskStore};
 use crate::service::ServiceError;
 
-use super::{Assigned, Parked, Stores, REVOKE_FLUSH_TIMEOUT, START_OFFSET};
+use super::manager::Parked;
+use super::{Assigned, Stores, REVOKE_FLUSH_TIMEOUT, START_OFFSET};
 
 /// The longest a newly assigned partition waits for its previous owner to
 /// stop writing its changelog (see `ChangelogLoader::settled_marker`).
@@ -89,15 +91,34 @@ impl ClientContext for GroupContext {
 }
 
 impl GroupContext {
-    pub(super) fn flush_producers(&self) {
-        for producer in &self.producers {
-            if let Err(error) = producer.flush(REVOKE_FLUSH_TIMEOUT) {
-                tracing::warn!(
-                    %error, in_flight = producer.in_flight_count(),
-                    "records still in flight when partitions were revoked; the next owner may read the changelog before they land"
-                );
-            }
+    pub(super) fn new(
+        config: &Config,
+        loader: ChangelogLoader,
+        controller: ControllerConfig,
+        stores: Option<Stores>,
+        producers: [Arc<BaseProducer<DeliveryReports>>; 2],
+    ) -> Self {
+        GroupContext {
+            group: config.kafka.group_id.clone(),
+            input_topic: config.pipeline.input_topic.clone(),
+            loader,
+            handoff_quiet: Duration::from_millis(config.pipeline.handoff_quiet_ms),
+            controller,
+            stores,
+            assigned: Mutex::new(Vec::new()),
+            revoked: Mutex::new(Vec::new()),
+            lost: Mutex::new(Vec::new()),
+            parked: Mutex::new(HashMap::new()),
+            regained: Mutex::new(Vec::new()),
+            revoking: Mutex::new(None),
+            closing: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            producers,
         }
+    }
+
+    pub(super) fn flush_producers(&self) {
+        flush_producers(self.producers.iter().map(|p| &**p));
     }
 
     pub(super) fn fail(&self, message: String) {
@@ -271,7 +292,6 @@ pub(super) struct Revocation {
     pub(super) partitions: Vec<i32>,
     pub(super) tpl: TopicPartitionList,
     pub(super) cooperative: bool,
-    pub(super) since: Instant,
 }
 
 impl Revocation {
@@ -280,7 +300,6 @@ impl Revocation {
             partitions,
             tpl,
             cooperative,
-            since: Instant::now(),
         }
     }
 
@@ -403,6 +422,19 @@ pub(super) fn own_queue(
             message: format!("restarting the fetch at offset {offset}: {e}"),
         })?;
     Ok(queue)
+}
+
+/// Waits, up to [`REVOKE_FLUSH_TIMEOUT`] each, for the producers' records in
+/// flight before partitions change hands.
+pub(super) fn flush_producers<'a>(producers: impl IntoIterator<Item = &'a BaseProducer<DeliveryReports>>) {
+    for producer in producers {
+        if let Err(error) = producer.flush(REVOKE_FLUSH_TIMEOUT) {
+            tracing::warn!(
+                %error, in_flight = producer.in_flight_count(),
+                "records still in flight when partitions were revoked; the next owner may read the changelog before they land"
+            );
+        }
+    }
 }
 
 /// The partition numbers of a rebalance's list, for the log.

@@ -7,25 +7,26 @@
 //! * `group`: the rebalance listener (the consumer's context), which records
 //!   assignments, revocations and losses and where each partition resumes;
 //! * `restore`: changelogs read into fresh operators, several side by side;
+//! * `manager`: the task manager, the set of tasks (active, parked, handing
+//!   off, stopping) and what rebalances, reports and the stop do to it;
 //! * `task`: one operator on one partition, started, stepped and stopped;
 //! * `input`: a task's batch of polled records, decoded;
 //! * `collector`: the record collector, the Kafka `TaskIo` of a task and the
 //!   only code that sends records, with what is in flight;
 //! * `feedback`: a distributed learner's global models;
-//! * `clients`: the producers' settings;
 //! * `faults`: the fault switches tests set;
-//! * this module: the setup and the loop (`run_pipeline`).
+//! * this module: the setup (`run_pipeline`) and the loop (`run_rounds`);
+//!   every client is made in `crate::service::clients`.
 
-mod clients;
 mod collector;
 mod faults;
 mod feedback;
 mod group;
 mod input;
+mod manager;
 mod restore;
 mod task;
 
-use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,25 +38,24 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, Producer};
 
 use super::check::TaskPlan;
+use super::clients::{group_consumer, TaskProducers};
 use super::codec::{Codec, ServiceOperator};
-use super::config::Config;
+use super::config::{Config, KafkaConfig};
 use super::kafka::{
-    client_config, ensure_topics, partition_count, patiently, ChangelogLoader, ClientRole, DeliveryEvent,
-    DeliveryReports, KafkaSetupError, ReaderPool, TaskIncarnation, TopicSpec, REQUEST_TIMEOUT,
+    ensure_topics, partition_count, patiently, ChangelogLoader, DeliveryEvent, DeliveryReports, KafkaSetupError,
+    ReaderPool, TaskIncarnation, TopicSpec, REQUEST_TIMEOUT,
 };
 use super::state::lock_state_dir;
 use super::store::{StoreBudget, StoreMeta, TaskStore};
 use super::ServiceError;
-use crate::core::{DriverStats, Mode, RecoveryPlan};
+use crate::core::{ControllerConfig, DriverStats, Mode, RecoveryPlan};
 
-use clients::{
-    idempotent_producer, CHANGELOG_LINGER_MS, GAPLESS_CHANGELOG, OUTPUT_LINGER_MS, OUTPUT_LINGER_MS_MARKERS_WAIT,
-};
-use collector::{deliver_reports, MarkerRoundTrips};
+use collector::MarkerRoundTrips;
+use faults::crash_in_backup;
 pub use faults::*;
 use feedback::FeedbackReader;
-use group::{own_queue, ClosingGuard, GroupContext, Revocation};
-use input::InputBatch;
+use group::{flush_producers, own_queue, ClosingGuard, GroupContext, Revocation};
+use manager::{Producers, StopProgress, TaskManager};
 use restore::{restore_all, RESTORE_PARALLELISM};
 use task::Task;
 
@@ -148,14 +148,59 @@ struct Assigned {
     local: bool,
 }
 
-/// Where a parked task (its partition lost) stopped.
-#[derive(Clone, Copy, Debug)]
-struct Parked {
-    /// The next input offset it has not processed.
-    next_offset: u64,
-    /// The changelog partition's end when it was parked: if another member
-    /// wrote the changelog since, the task's state is stale.
-    changelog_end: i64,
+impl Topics {
+    fn of(config: &Config) -> Self {
+        let pipeline = &config.pipeline;
+        let group = &config.kafka.group_id;
+        Topics {
+            input: pipeline.input_topic.clone(),
+            output: pipeline.output_topic.clone(),
+            changelog: pipeline.changelog_topic(group),
+            dead_letters: pipeline.dead_letter_topic(group),
+        }
+    }
+}
+
+/// Checks the input topic and creates the others where missing; the
+/// input's partition count.
+fn prepare_topics<O: ServiceOperator>(
+    kafka: &KafkaConfig,
+    topics: &Topics,
+    operator_config: &O::Config,
+    stop: &AtomicBool,
+) -> Result<usize, ServiceError> {
+    let partitions = patiently(kafka, stop, "reading the input topic's metadata", || {
+        partition_count(kafka, &topics.input)
+    })?
+    .ok_or_else(|| KafkaSetupError::MissingTopic(topics.input.clone()))?;
+    if partitions > 1 << 16 {
+        return Err(ServiceError::Unsupported(format!(
+            "input topic {} has {partitions} partitions; afstream handles up to 65536",
+            topics.input
+        )));
+    }
+    let specs = [
+        TopicSpec {
+            name: &topics.changelog,
+            partitions,
+            compacted: true,
+        },
+        TopicSpec {
+            name: &topics.output,
+            partitions: O::output_partitions(operator_config).unwrap_or(partitions),
+            compacted: false,
+        },
+        TopicSpec {
+            name: &topics.dead_letters,
+            partitions,
+            compacted: false,
+        },
+    ];
+    patiently(kafka, stop, "creating the pipeline's topics", || {
+        ensure_topics(kafka, &specs)
+    })?;
+    O::check_partitions(operator_config, partitions).map_err(ServiceError::Unsupported)?;
+    Ok(partitions)
 }
 
 /// Where the local stores of the pipeline's tasks live, and their budget.
@@ -164,12 +209,80 @@ struct Stores {
     budget: StoreBudget,
 }
 
+impl Stores {
+    /// The stores of an operator that keeps its state in one, with a state directory.
+    fn of<O: ServiceOperator>(config: &Config) -> Option<Self> {
+        let pipeline = &config.pipeline;
+        match &pipeline.state_dir {
+            Some(dir) if O::STORE_BACKED => Some(Stores {
+                root: dir.join(&config.kafka.group_id),
+                budget: StoreBudget {
+                    cache_bytes: pipeline.store.cache_mib << 20,
+                    resident_keys: pipeline.store.resident_keys,
+                },
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Starts the tasks of newly assigned partitions: their changelogs restored
+/// side by side, then each started on its own partition queue.
+struct TaskStarter<'a, O: ServiceOperator> {
+    operator_config: &'a O::Config,
+    controller: ControllerConfig,
+    readers: Arc<ReaderPool>,
+    resident_keys: usize,
+}
+
+impl<O: ServiceOperator> TaskStarter<'_, O> {
+    fn start(
+        &self,
+        shared: &Shared<'_>,
+        manager: &mut TaskManager<Task<O>>,
+        feedback: Option<&FeedbackReader>,
+        started: Instant,
+        now_ms: u64,
+    ) -> Result<(), ServiceError> {
+        let context = shared.consumer.context();
+        let batch = take(&context.assigned);
+        let mut queues = Vec::with_capacity(batch.len());
+        for assigned in &batch {
+            queues.push(own_queue(
+                shared.consumer,
+                &shared.topics.input,
+                assigned.partition,
+                assigned.plan.resume_offset,
+            )?);
+        }
+        let restored = restore_all::<O>(
+            &context.loader,
+            &self.readers,
+            self.operator_config,
+            batch,
+            self.resident_keys,
+        )?;
+        for (restored, queue) in restored.into_iter().zip(queues) {
+            let started_ms = started.elapsed().as_millis() as u64;
+            let mut task = Task::start(shared, self.controller, restored, queue, started_ms)?;
+            if let Some((reader, latest)) = feedback.and_then(|r| r.latest.as_ref().map(|l| (r, l))) {
+                // The latest global model, as a restarted worker must take it in again.
+                task.feedback(shared, &reader.codec, latest);
+            }
+            // Processing time counts from the round of the first assignment:
+            // the consumer fetches from then on, while the task restores.
+            manager.assigned(shared, task, now_ms);
+        }
+        Ok(())
+    }
+}
+
 /// What every task shares: the clients and the topics.
 struct Shared<'a> {
     group: String,
     producer: &'a BaseProducer<DeliveryReports>,
     changelog_producer: &'a BaseProducer<DeliveryReports>,
-    consumer: &'a BaseConsumer<GroupContext>,
+    consumer: &'a Arc<BaseConsumer<GroupContext>>,
     topics: &'a Topics,
     /// How records are read and written.
     codec: &'a Codec,
@@ -210,6 +323,19 @@ impl Shared<'_> {
     }
 }
 
+impl Producers for Shared<'_> {
+    fn reports(&self, into: &mut Vec<DeliveryEvent>) {
+        for producer in [self.producer, self.changelog_producer] {
+            producer.poll(Duration::ZERO);
+            producer.context().drain_into(into);
+        }
+    }
+
+    fn flush(&self) {
+        flush_producers([self.producer, self.changelog_producer]);
+    }
+}
+
 fn take<T: Default>(list: &Mutex<T>) -> T {
     list.lock().map(|mut l| std::mem::take(&mut *l)).unwrap_or_default()
 }
@@ -224,151 +350,42 @@ pub fn run_pipeline<O: ServiceOperator>(
 ) -> Result<RunReport, ServiceError> {
     let kafka = &config.kafka;
     let pipeline = &config.pipeline;
-    let topics = Topics {
-        input: pipeline.input_topic.clone(),
-        output: pipeline.output_topic.clone(),
-        changelog: pipeline.changelog_topic(&kafka.group_id),
-        dead_letters: pipeline.dead_letter_topic(&kafka.group_id),
-    };
+    let topics = Topics::of(config);
     let codec = Codec::new::<O>(pipeline).map_err(ServiceError::Unsupported)?;
-    let crash_in_backup = match std::env::var(CRASH_IN_BACKUP) {
-        Ok(value) => Some(value.trim().parse::<u64>().map_err(|e| {
-            ServiceError::Unsupported(format!(
-                "{CRASH_IN_BACKUP}={value:?}: a backup number is expected ({e})"
-            ))
-        })?),
-        Err(_) => None,
-    };
-    if let Some(at) = crash_in_backup {
-        tracing::warn!("{CRASH_IN_BACKUP} is set: this process SIGKILLs itself in the middle of backup {at}");
-    }
+    let crash_in_backup = crash_in_backup()?;
     let _state_lock = match &pipeline.state_dir {
         Some(dir) => Some(lock_state_dir(dir, &kafka.group_id)?),
         None => None,
     };
-    let partitions = patiently(kafka, stop, "reading the input topic's metadata", || {
-        partition_count(kafka, &topics.input)
-    })?
-    .ok_or_else(|| KafkaSetupError::MissingTopic(topics.input.clone()))?;
-    if partitions > 1 << 16 {
-        return Err(ServiceError::Unsupported(format!(
-            "input topic {} has {partitions} partitions; afstream handles up to 65536",
-            topics.input
-        )));
-    }
-    let specs = [
-        TopicSpec {
-            name: &topics.changelog,
-            partitions,
-            compacted: true,
-        },
-        TopicSpec {
-            name: &topics.output,
-            partitions: O::output_partitions(operator_config).unwrap_or(partitions),
-            compacted: false,
-        },
-        TopicSpec {
-            name: &topics.dead_letters,
-            partitions,
-            compacted: false,
-        },
-    ];
-    patiently(kafka, stop, "creating the pipeline's topics", || {
-        ensure_topics(kafka, &specs)
-    })?;
-    O::check_partitions(operator_config, partitions).map_err(ServiceError::Unsupported)?;
+    let partitions = prepare_topics::<O>(kafka, &topics, operator_config, stop)?;
     let mut feedback = FeedbackReader::open::<O>(config, stop)?;
-    let ft = &pipeline.fault_tolerance;
     let plan = TaskPlan::new::<O>(config, operator_config, partitions)?;
     let controller = plan.controller;
     if let Some(warning) = plan.warning() {
         tracing::warn!("{warning}");
     }
-
-    // Backups and markers go out almost at once, since a recovery replays
-    // the items of the markers in flight. Not at once: with
-    // `linger.ms` 0, librdkafka's broker thread spins (poll with no timeout)
-    // whenever records wait behind the five requests an idempotent producer
-    // keeps in flight, which several backups in flight make common; measured
-    // here, up to 4 s of CPU in a 5 s run of heavy hitters, taken from the
-    // broker on the same machine, against under 1 s with 1 ms. Outputs linger
-    // to batch, briefly where a marker waits for them (every mode but none):
-    // their linger adds to every window of a task with an output per item
-    // (`cargo bench --bench latency`: logistic regression at a 0.5 ms round
-    // trip, 441 k items/s with outputs acknowledged at once, 81 k with 5 ms of
-    // linger; on this project's broker 1 ms against 5 took 100 000 items in
-    // 5.9-6.2 s against 6.7-7.0 s). A user's `producer.linger.ms` sets both.
-    // Separate producers keep each order: the changelog's within its partition
-    // (gapless), outputs' per key.
-    let output_linger_ms = if controller.mode == Mode::None {
-        OUTPUT_LINGER_MS
-    } else {
-        OUTPUT_LINGER_MS_MARKERS_WAIT
-    };
-    let producer = Arc::new(idempotent_producer(kafka, output_linger_ms, &[])?);
-    let changelog_producer = Arc::new(idempotent_producer(kafka, CHANGELOG_LINGER_MS, GAPLESS_CHANGELOG)?);
+    let producers = TaskProducers::new(kafka, controller.mode != Mode::None)?;
+    let producer = Arc::new(producers.outputs);
+    let changelog_producer = Arc::new(producers.changelog);
     // Connected before the group assigns anything: a restarted process
     // restores its partitions side by side, one of them with the context's
     // reader and the others with these.
     let restore_readers = ReaderPool::new(kafka, &topics.changelog);
     restore_readers.fill_in_background(partitions.clamp(1, RESTORE_PARALLELISM) - 1);
-    let context = GroupContext {
-        group: kafka.group_id.clone(),
-        input_topic: topics.input.clone(),
-        loader: ChangelogLoader::new(kafka, &topics.changelog)?,
-        handoff_quiet: Duration::from_millis(pipeline.handoff_quiet_ms),
+    let context = GroupContext::new(
+        config,
+        ChangelogLoader::new(kafka, &topics.changelog)?,
         controller,
-        stores: match &pipeline.state_dir {
-            Some(dir) if O::STORE_BACKED => Some(Stores {
-                root: dir.join(&kafka.group_id),
-                budget: StoreBudget {
-                    cache_bytes: pipeline.store.cache_mib << 20,
-                    resident_keys: pipeline.store.resident_keys,
-                },
-            }),
-            _ => None,
-        },
-        assigned: Mutex::new(Vec::new()),
-        revoked: Mutex::new(Vec::new()),
-        lost: Mutex::new(Vec::new()),
-        parked: Mutex::new(HashMap::new()),
-        regained: Mutex::new(Vec::new()),
-        revoking: Mutex::new(None),
-        closing: AtomicBool::new(false),
-        failure: Mutex::new(None),
-        producers: [Arc::clone(&producer), Arc::clone(&changelog_producer)],
-    };
-    // The group's offset follows acknowledged markers: offsets are stored by the
-    // tasks and committed in the background (nothing waits on a commit).
-    let consumer: Arc<BaseConsumer<GroupContext>> = Arc::new(
-        client_config(
-            kafka,
-            ClientRole::Consumer,
-            &[
-                ("group.id", kafka.group_id.as_str()),
-                ("enable.auto.commit", "true"),
-                ("enable.auto.offset.store", "false"),
-                ("auto.offset.reset", "earliest"),
-                // Incremental rebalances: only the partitions that move stop
-                // (and are handed off); the others run on.
-                ("partition.assignment.strategy", "cooperative-sticky"),
-                ("session.timeout.ms", "6000"),
-                ("heartbeat.interval.ms", "1500"),
-                // Consumer lag for the metrics; parsed only when they are served.
-                (
-                    "statistics.interval.ms",
-                    if config.metrics.is_some() { "5000" } else { "0" },
-                ),
-            ],
-        )
-        .create_with_context(context)?,
+        Stores::of::<O>(config),
+        [Arc::clone(&producer), Arc::clone(&changelog_producer)],
     );
+    let consumer = Arc::new(group_consumer(kafka, config.metrics.is_some(), context)?);
     // However run_pipeline ends, the consumer is closed after this is dropped.
     let _closing = ClosingGuard(&consumer.context().closing);
     consumer.subscribe(&[topics.input.as_str()])?;
     tracing::info!(
         input = %topics.input, output = %topics.output, changelog = %topics.changelog,
-        partitions, mode = ?ft.mode(), "joined group {}", kafka.group_id
+        partitions, mode = ?pipeline.fault_tolerance.mode(), "joined group {}", kafka.group_id
     );
 
     let shared = Shared {
@@ -383,310 +400,20 @@ pub fn run_pipeline<O: ServiceOperator>(
         incarnation: std::cell::Cell::new(TaskIncarnation::default()),
         source_positions: config.source_positions(),
     };
+    let starter = TaskStarter::<O> {
+        operator_config,
+        controller,
+        readers: restore_readers,
+        resident_keys: pipeline.store.resident_keys,
+    };
     let started = Instant::now();
-    let mut tasks: BTreeMap<i32, Task<O>> = BTreeMap::new();
-    let mut events: Vec<DeliveryEvent> = Vec::new();
-    let mut stopping: Option<Instant> = None;
-    let mut drained: Option<Duration> = None;
-    let mut first_task: Option<Instant> = None;
-    let mut worked = true;
-    let mut idle_rounds: u32 = 0;
-    let mut awaiting = false;
-    let mut handoff: Option<Revocation> = None;
-    // Tasks of lost partitions, kept in case the group gives them back.
-    let mut parked_tasks: BTreeMap<i32, Task<O>> = BTreeMap::new();
-    loop {
-        // Nothing happened last round: back off from 100 µs to 5 ms, or to 200 µs
-        // while input waits on an acknowledgement, so that it resumes within a
-        // fraction of a millisecond of it (the producers' and the partitions'
-        // queues cannot be waited on together); an idle service wakes 200 times
-        // a second.
-        if worked {
-            idle_rounds = 0;
-        } else {
-            idle_rounds = idle_rounds.saturating_add(1);
-            let longest = if awaiting { AWAIT_WAIT_MAX } else { IDLE_WAIT_MAX };
-            std::thread::sleep(IDLE_WAIT_MIN.saturating_mul(1 << idle_rounds.min(6)).min(longest));
-        }
-        let now_ms = started.elapsed().as_millis() as u64;
-        worked = false;
-        let message = consumer.poll(Duration::ZERO);
-        let context = consumer.context();
-        if let Some(failure) = context.failure.lock().ok().and_then(|mut f| f.take()) {
-            return Err(ServiceError::Rebalance(failure));
-        }
-        let revoked = take(&context.revoked);
-        if !revoked.is_empty() {
-            // The revocation flushed the producers: the revoked tasks get their
-            // delivery reports before they go.
-            worked |= deliver_reports(&shared, &mut tasks, &mut parked_tasks, &mut events, now_ms);
-        }
-        for partition in revoked {
-            if tasks.remove(&partition).is_some() {
-                tracing::info!(
-                    partition,
-                    "partition revoked; its next owner restores it from the changelog"
-                );
-            }
-        }
-        let lost = take(&context.lost);
-        if !lost.is_empty() {
-            // The loss flushed the producers: the tasks get their delivery
-            // reports before they are parked, and the changelog's end is final.
-            worked |= deliver_reports(&shared, &mut tasks, &mut parked_tasks, &mut events, now_ms);
-        }
-        for partition in lost {
-            let Some(task) = tasks.remove(&partition) else { continue };
-            match context.loader.end_offset(partition) {
-                Ok(changelog_end) if task.store.is_none() && !task.driver.is_stopped() => {
-                    let next_offset = task.driver.controller().processed().offset;
-                    tracing::info!(
-                        partition,
-                        next_offset,
-                        "partition lost; its task is kept: if the partition comes back and nothing else wrote its \
-                         changelog, it goes on where it stopped"
-                    );
-                    if let Ok(mut parked) = context.parked.lock() {
-                        parked.insert(
-                            partition,
-                            Parked {
-                                next_offset,
-                                changelog_end,
-                            },
-                        );
-                    }
-                    parked_tasks.insert(partition, task);
-                }
-                // A task on a local store restarts on it exactly anyway.
-                _ => tracing::info!(partition, "partition lost; its next owner restores it"),
-            }
-        }
-        for (partition, end) in take(&context.regained) {
-            let Some(mut task) = parked_tasks.remove(&partition) else {
-                continue;
-            };
-            let next_offset = task.driver.controller().processed().offset;
-            let queue = own_queue(&consumer, &topics.input, partition, next_offset)?;
-            task.queue = queue;
-            task.batch = InputBatch::new(next_offset);
-            task.end = end;
-            tracing::info!(
-                partition,
-                next_offset,
-                "partition given back: its kept task goes on where it stopped (nothing else wrote its changelog); no \
-                 failure"
-            );
-            for event in std::mem::take(&mut task.parked_reports) {
-                task.delivered(&shared, event, now_ms);
-            }
-            if stopping.is_some() {
-                task.begin_stop(&shared);
-            }
-            tasks.insert(partition, task);
-        }
-        let batch = take(&context.assigned);
-        let mut queues = Vec::with_capacity(batch.len());
-        for assigned in &batch {
-            // Processing time counts from the first assignment: the consumer
-            // fetches from then on, while the task restores.
-            first_task.get_or_insert_with(Instant::now);
-            // A kept task whose partition came back after another member wrote its changelog.
-            parked_tasks.remove(&assigned.partition);
-            queues.push(own_queue(
-                &consumer,
-                &topics.input,
-                assigned.partition,
-                assigned.plan.resume_offset,
-            )?);
-        }
-        let restored = restore_all::<O>(
-            &context.loader,
-            &restore_readers,
-            operator_config,
-            batch,
-            pipeline.store.resident_keys,
-        )?;
-        for (restored, queue) in restored.into_iter().zip(queues) {
-            let partition = restored.assigned.partition;
-            let now_ms = started.elapsed().as_millis() as u64;
-            let mut task = Task::start(&shared, controller, restored, queue, now_ms)?;
-            if let Some(reader) = &feedback {
-                // The latest global model, as a restarted worker must take it in again.
-                if let Some(latest) = &reader.latest {
-                    task.feedback(&shared, &reader.codec, latest);
-                }
-            }
-            if stopping.is_some() {
-                // Assigned while the loop is stopping: it stops at once, cleanly
-                // (a final backup and a clean marker where it started).
-                task.begin_stop(&shared);
-            }
-            tasks.insert(partition, task);
-        }
-        // After the assignments: a partition assigned and then revoked within
-        // one poll is started, then handed off.
-        if let Some(revocation) = context.revoking.lock().ok().and_then(|mut r| r.take()) {
-            for partition in &revocation.partitions {
-                if let Some(task) = tasks.get_mut(partition) {
-                    tracing::info!(
-                        partition,
-                        "partition revoked; handing it off: final backup, clean marker"
-                    );
-                    task.begin_stop(&shared);
-                }
-            }
-            match handoff.as_mut() {
-                Some(pending) => pending.add(revocation.partitions, &revocation.tpl),
-                None => handoff = Some(revocation),
-            }
-            worked = true;
-        }
-        if let Some(reader) = &mut feedback {
-            for value in reader.poll() {
-                for task in tasks.values_mut() {
-                    task.feedback(&shared, &reader.codec, &value);
-                }
-                reader.latest = Some(value);
-                worked = true;
-            }
-        }
-        match message {
-            // A record fetched before its partition's queue was split (its
-            // task's seek made librdkafka drop those; any left is taken if new).
-            Some(Ok(message)) => {
-                if let Some(task) = tasks.get_mut(&message.partition()) {
-                    task.batch.accept(shared.codec, &message);
-                }
-                worked = true;
-            }
-            Some(Err(error)) => tracing::warn!(%error, "consumer"),
-            None => {}
-        }
-        for task in tasks.values_mut() {
-            worked |= task.step(&shared, now_ms, stopping.is_some());
-        }
-        worked |= deliver_reports(&shared, &mut tasks, &mut parked_tasks, &mut events, now_ms);
-        for task in tasks.values_mut() {
-            worked |= task.flush(&shared, now_ms);
-        }
-        awaiting = tasks.values().any(Task::awaits_acknowledgement);
-        if let Some(revocation) = &handoff {
-            let stopped = revocation
-                .partitions
-                .iter()
-                .all(|p| tasks.get(p).is_none_or(|t| t.driver.is_stopped()));
-            if stopped || revocation.since.elapsed() > STOP_DEADLINE {
-                context.flush_producers();
-                deliver_reports(&shared, &mut tasks, &mut parked_tasks, &mut events, now_ms);
-                for partition in &revocation.partitions {
-                    match tasks.remove(partition) {
-                        Some(task) if task.driver.is_stopped() => {
-                            tracing::info!(
-                                partition,
-                                "partition handed off: its final backup and clean marker are in the changelog"
-                            );
-                        }
-                        Some(_) => tracing::warn!(
-                            partition,
-                            "partition handed off before its final backup was acknowledged (within {STOP_DEADLINE:?}): \
-                             its next owner recovers from the last marker and counts a failure"
-                        ),
-                        None => {}
-                    }
-                }
-                // The clean markers' offsets are stored: commit them before the
-                // release (the next owner resumes at the marker either way).
-                match consumer.commit_consumer_state(CommitMode::Sync) {
-                    Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
-                    Err(error) => tracing::warn!(%error, "committing offsets before a handoff"),
-                }
-                revocation.release(&consumer)?;
-                handoff = None;
-                worked = true;
-            }
-        }
-        if let Some((partition, fatal)) = tasks
-            .iter_mut()
-            .find_map(|(p, t)| t.flight.fatal.take().map(|f| (*p, f)))
-        {
-            return Err(ServiceError::Task {
-                partition,
-                message: fatal,
-            });
-        }
-
-        let at_end = options.stop_at_end && tasks.len() == partitions && tasks.values().all(Task::at_end);
-        if stopping.is_none() && (stop.load(Ordering::Relaxed) || at_end) {
-            tracing::info!(
-                tasks = tasks.len(),
-                "stopping cleanly: final backups, markers and commits"
-            );
-            for task in tasks.values_mut() {
-                task.begin_stop(&shared);
-            }
-            stopping = Some(Instant::now());
-        }
-        if let Some(since) = stopping {
-            if drained.is_none()
-                && tasks
-                    .values()
-                    .all(|t| t.driver.controller().unacknowledged_outputs() == 0)
-            {
-                drained = Some(since.elapsed());
-            }
-            if tasks.values().all(|t| t.driver.is_stopped()) {
-                break;
-            }
-            if since.elapsed() > STOP_DEADLINE {
-                let waiting: Vec<i32> = tasks
-                    .values()
-                    .filter(|t| !t.driver.is_stopped())
-                    .map(|t| t.partition)
-                    .collect();
-                return Err(ServiceError::Stop(format!(
-                    "partitions {waiting:?} did not finish their final backup within {STOP_DEADLINE:?}"
-                )));
-            }
-        }
-    }
-    if let Some(revocation) = handoff.take() {
+    let stop_at_end = options.stop_at_end.then_some(partitions);
+    let (mut manager, handoff) = run_rounds(&shared, &starter, &mut feedback, stop, stop_at_end, started)?;
+    if let Some(revocation) = handoff {
         // Its tasks stopped with the rest.
         revocation.release(&consumer)?;
     }
-    let stop_began = stopping.unwrap_or_else(Instant::now);
-    let mut report = RunReport {
-        tasks: Vec::new(),
-        processing: first_task
-            .map(|t| stop_began.saturating_duration_since(t))
-            .unwrap_or_default(),
-        stop: stop_began.elapsed(),
-        drained: drained.unwrap_or_default(),
-    };
-    for task in tasks.values_mut() {
-        task.publish();
-        let stats = task.driver.stats();
-        report.tasks.push(TaskReport {
-            partition: task.partition,
-            stats,
-            before_stop: task.before_stop.unwrap_or(stats),
-            markers: task.flight.markers.clone(),
-            undecodable: task.batch.undecodable,
-        });
-        tracing::info!(
-            partition = task.partition,
-            items = stats.items,
-            outputs = stats.outputs,
-            backups = stats.backups,
-            backup_entries = stats.backup_entries,
-            markers = stats.markers,
-            stalls = stats.stalls,
-            marker_round_trip_ms = task.flight.markers.mean().map_or(0.0, |d| d.as_secs_f64() * 1e3),
-            rejected = stats.rejected,
-            undecodable = task.batch.undecodable,
-            repeats_skipped = stats.repeats,
-            "task stopped cleanly"
-        );
-    }
+    let report = manager.report(started);
     match consumer.commit_consumer_state(CommitMode::Sync) {
         // Nothing stored since the last automatic commit.
         Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
@@ -700,4 +427,164 @@ pub fn run_pipeline<O: ServiceOperator>(
     consumer.context().closing.store(true, Ordering::Relaxed);
     consumer.unsubscribe();
     Ok(report)
+}
+
+/// The loop: poll, hand the manager what the group listener recorded, start
+/// the tasks of new partitions, run a round, release what was handed off,
+/// until every task stopped cleanly. The manager and any handoff left to
+/// release when it ends.
+fn run_rounds<O: ServiceOperator>(
+    shared: &Shared<'_>,
+    starter: &TaskStarter<'_, O>,
+    feedback: &mut Option<FeedbackReader>,
+    stop: &AtomicBool,
+    stop_at_end: Option<usize>,
+    started: Instant,
+) -> Result<(TaskManager<Task<O>>, Option<Revocation>), ServiceError> {
+    let consumer = shared.consumer;
+    let context = consumer.context();
+    let mut manager: TaskManager<Task<O>> = TaskManager::new(STOP_DEADLINE);
+    // The partitions being handed off, to release when the manager is done.
+    let mut handoff: Option<Revocation> = None;
+    let mut worked = true;
+    let mut idle_rounds: u32 = 0;
+    loop {
+        // Nothing happened last round: back off from 100 µs to 5 ms, or to 200 µs
+        // while input waits on an acknowledgement, so that it resumes within a
+        // fraction of a millisecond of it (the producers' and the partitions'
+        // queues cannot be waited on together); an idle service wakes 200 times
+        // a second.
+        if worked {
+            idle_rounds = 0;
+        } else {
+            idle_rounds = idle_rounds.saturating_add(1);
+            let longest = if manager.awaiting() {
+                AWAIT_WAIT_MAX
+            } else {
+                IDLE_WAIT_MAX
+            };
+            std::thread::sleep(IDLE_WAIT_MIN.saturating_mul(1 << idle_rounds.min(6)).min(longest));
+        }
+        let now_ms = started.elapsed().as_millis() as u64;
+        let message = consumer.poll(Duration::ZERO);
+        if let Some(failure) = context.failure.lock().ok().and_then(|mut f| f.take()) {
+            return Err(ServiceError::Rebalance(failure));
+        }
+        worked = rebalanced(shared, &mut manager, now_ms)?;
+        starter.start(shared, &mut manager, feedback.as_ref(), started, now_ms)?;
+        // After the assignments: a partition assigned and then revoked within
+        // one poll is started, then handed off.
+        if let Some(revocation) = context.revoking.lock().ok().and_then(|mut r| r.take()) {
+            manager.hand_off(shared, &revocation.partitions, now_ms);
+            match handoff.as_mut() {
+                Some(pending) => pending.add(revocation.partitions, &revocation.tpl),
+                None => handoff = Some(revocation),
+            }
+            worked = true;
+        }
+        if let Some(reader) = feedback {
+            worked |= reader.hand_to(shared, manager.active_mut());
+        }
+        match message {
+            // A record fetched before its partition's queue was split (its
+            // task's seek made librdkafka drop those; any left is taken if new).
+            Some(Ok(message)) => {
+                if let Some(task) = manager.task_mut(message.partition()) {
+                    task.batch.accept(shared.codec, &message);
+                }
+                worked = true;
+            }
+            Some(Err(error)) => tracing::warn!(%error, "consumer"),
+            None => {}
+        }
+        worked |= manager.round(shared, now_ms);
+        if manager.handoff_due(now_ms) {
+            manager.finish_handoff(shared, now_ms);
+            release(consumer, handoff.take())?;
+            worked = true;
+        }
+        if let Some((partition, message)) = manager.fatal() {
+            return Err(ServiceError::Task { partition, message });
+        }
+        if !manager.is_stopping()
+            && (stop.load(Ordering::Relaxed) || stop_at_end.is_some_and(|partitions| manager.all_at_end(partitions)))
+        {
+            manager.stop(shared, now_ms);
+        }
+        match manager.stop_progress(now_ms) {
+            StopProgress::Running | StopProgress::Stopping => {}
+            StopProgress::Stopped => return Ok((manager, handoff)),
+            StopProgress::Overdue(waiting) => {
+                return Err(ServiceError::Stop(format!(
+                    "partitions {waiting:?} did not finish their final backup within {STOP_DEADLINE:?}"
+                )))
+            }
+        }
+    }
+}
+
+/// Hands the manager what the group listener recorded since the last round:
+/// revocations, losses, partitions given back. Whether anything happened.
+fn rebalanced<O: ServiceOperator>(
+    shared: &Shared<'_>,
+    manager: &mut TaskManager<Task<O>>,
+    now_ms: u64,
+) -> Result<bool, ServiceError> {
+    let context = shared.consumer.context();
+    let mut worked = false;
+    let revoked = take(&context.revoked);
+    if !revoked.is_empty() {
+        // The revocation flushed the producers: the revoked tasks get their
+        // delivery reports before they go.
+        worked |= manager.deliver(shared, now_ms);
+        manager.revoked(&revoked);
+    }
+    let lost = take(&context.lost);
+    if !lost.is_empty() {
+        // The loss flushed the producers: the tasks get their delivery
+        // reports before they are parked, and the changelog's end is final.
+        worked |= manager.deliver(shared, now_ms);
+    }
+    for partition in lost {
+        let parked = manager.lost(partition, || context.loader.end_offset(partition).ok());
+        if let (Some(parked), Ok(mut kept)) = (parked, context.parked.lock()) {
+            kept.insert(partition, parked);
+        }
+    }
+    for (partition, end) in take(&context.regained) {
+        manager.regained(shared, partition, end, now_ms)?;
+        worked = true;
+    }
+    Ok(worked)
+}
+
+/// Gives handed-off partitions back to the group once their tasks are gone.
+/// The clean markers' offsets are stored: they are committed first (the next
+/// owner resumes at the marker either way).
+fn release(consumer: &BaseConsumer<GroupContext>, handoff: Option<Revocation>) -> Result<(), ServiceError> {
+    match consumer.commit_consumer_state(CommitMode::Sync) {
+        Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+        Err(error) => tracing::warn!(%error, "committing offsets before a handoff"),
+    }
+    if let Some(revocation) = handoff {
+        revocation.release(consumer)?;
+    }
+    Ok(())
+}
+
+impl<O: ServiceOperator> TaskManager<Task<O>> {
+    /// What the run did, its tasks' figures logged; `started` is the run's clock.
+    fn report(&mut self, started: Instant) -> RunReport {
+        let run_ms = started.elapsed().as_millis() as u64;
+        let stop_began_ms = self.stopping_since_ms().unwrap_or(run_ms);
+        let processing_ms = self
+            .first_assignment_ms()
+            .map_or(0, |first| stop_began_ms.saturating_sub(first));
+        RunReport {
+            processing: Duration::from_millis(processing_ms),
+            stop: Duration::from_millis(run_ms.saturating_sub(stop_began_ms)),
+            drained: Duration::from_millis(self.drained_ms().unwrap_or_default()),
+            tasks: self.active_mut().map(Task::final_report).collect(),
+        }
+    }
 }

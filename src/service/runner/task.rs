@@ -22,10 +22,11 @@ use super::collector::{is_queue_full, send, send_failure, send_to_changelog, Fli
 use super::faults::injected_restore_failure;
 #[cfg(feature = "fault-injection")]
 use super::faults::{FAULT_SKIP_BACKUPS, FAULT_SLOW_TASK_START_MS};
-use super::group::GroupContext;
+use super::group::{own_queue, GroupContext};
 use super::input::{InputBatch, RawRecords};
+use super::manager::{ManagedTask, TaskView};
 use super::restore::Restored;
-use super::{Assigned, Shared, POLL_BATCH, RESTORE_ATTEMPTS, RESTORE_CHUNK, RESTORE_RETRY_WAIT};
+use super::{Assigned, Shared, TaskReport, POLL_BATCH, RESTORE_ATTEMPTS, RESTORE_CHUNK, RESTORE_RETRY_WAIT};
 
 /// A task that backs up starts with a marker, and the group's offset follows
 /// acknowledged markers: a committed offset with no marker in the changelog
@@ -50,9 +51,6 @@ pub(super) struct Task<O: ServiceOperator> {
     pub(super) partition: i32,
     /// This run of the task: the delivery reports of its records name it.
     pub(super) incarnation: TaskIncarnation,
-    /// Reports that arrived while the task was parked (its partition lost),
-    /// delivered when the group gives the partition back.
-    pub(super) parked_reports: Vec<DeliveryEvent>,
     pub(super) driver: TaskDriver<O>,
     pub(super) queue: PartitionQueue<GroupContext>,
     pub(super) batch: InputBatch<O>,
@@ -305,7 +303,6 @@ impl<O: ServiceOperator> Task<O> {
         Ok(Task {
             partition: assigned.partition,
             incarnation,
-            parked_reports: Vec::new(),
             driver,
             queue,
             batch: InputBatch::new(plan.resume_offset),
@@ -317,59 +314,6 @@ impl<O: ServiceOperator> Task<O> {
             before_stop: None,
             store: assigned.store,
         })
-    }
-
-    /// Writes the state changes to the local store (with the offset they are
-    /// exact at), then sends the changelog records held for that write; sends
-    /// failed outputs and dead letters again. Nothing goes out while a failed
-    /// delivery's backoff lasts.
-    pub(super) fn flush(&mut self, shared: &Shared<'_>, now_ms: u64) -> bool {
-        if self.flight.retry.holds(now_ms) {
-            return false;
-        }
-        let resent = !self.flight.resend.is_empty();
-        for (delivery, failed) in std::mem::take(&mut self.flight.resend) {
-            let mut record = BaseRecord::with_opaque_to(&failed.topic, delivery.pack());
-            if let Some(key) = &failed.key {
-                record = record.key(key.as_slice());
-            }
-            if let Some(value) = &failed.value {
-                record = record.payload(value.as_slice());
-            }
-            if let Some(headers) = failed.headers {
-                record = record.headers(headers);
-            }
-            if self.flight.fatal.is_some() {
-                break;
-            }
-            if let Err(error) = send(shared.producer, record) {
-                self.flight.fatal.get_or_insert(format!(
-                    "sending a record to {} again: {}",
-                    failed.topic,
-                    send_failure(&error)
-                ));
-            }
-        }
-        if self.flight.changelog.is_empty() && !self.flight.unwritten {
-            return resent;
-        }
-        if self.store.is_some() && self.flight.dead_letters_in_flight > 0 {
-            // The store write (and the changelog records that wait for it)
-            // waits for the dead letters' acknowledgements.
-            return resent;
-        }
-        if let Some((store, meta)) = &mut self.store {
-            self.driver.stage_state();
-            self.driver.checkpoint(&mut meta.checkpoint);
-            if let Err(error) = store.write(meta) {
-                self.flight.fatal.get_or_insert(error.to_string());
-                return true;
-            }
-            self.driver.state_durable();
-        }
-        self.flight.unwritten = false;
-        self.send_changelog(shared);
-        true
     }
 
     /// Sends the changelog records waiting, in order, without waiting on the
@@ -455,77 +399,113 @@ impl<O: ServiceOperator> Task<O> {
         self.driver.acknowledge(ack, &mut io);
     }
 
-    pub(super) fn delivered(&mut self, shared: &Shared<'_>, event: DeliveryEvent, now_ms: u64) {
-        let changelog = matches!(event.delivery, Delivery::BackupRecord { .. } | Delivery::Marker { .. });
-        if changelog && event.failure.is_some() {
-            if let Some((code, reason)) = shared.changelog_producer.client().fatal_error() {
-                // No record may land behind the failed one: the producer stopped.
-                self.flight.fatal.get_or_insert(format!(
-                    "the changelog's producer stopped ({code:?}: {reason}); a restart recovers from the last \
-                     marker in {}",
-                    shared.topics.changelog
-                ));
-                return;
-            }
+    /// The task's figures at the end of the run, logged.
+    pub(super) fn final_report(&mut self) -> TaskReport {
+        self.publish();
+        let stats = self.driver.stats();
+        tracing::info!(
+            partition = self.partition,
+            items = stats.items,
+            outputs = stats.outputs,
+            backups = stats.backups,
+            backup_entries = stats.backup_entries,
+            markers = stats.markers,
+            stalls = stats.stalls,
+            marker_round_trip_ms = self.flight.markers.mean().map_or(0.0, |d| d.as_secs_f64() * 1e3),
+            rejected = stats.rejected,
+            undecodable = self.batch.undecodable,
+            repeats_skipped = stats.repeats,
+            "task stopped cleanly"
+        );
+        TaskReport {
+            partition: self.partition,
+            stats,
+            before_stop: self.before_stop.unwrap_or(stats),
+            markers: self.flight.markers.clone(),
+            undecodable: self.batch.undecodable,
         }
-        match &event.failure {
-            None => self.flight.retry.succeeded(),
-            Some(failed) if failed.code.is_some_and(is_permanent) => {
-                self.flight.fatal.get_or_insert(format!(
-                    "the broker refuses a record for {} for good (input partition {}): {}",
-                    failed.topic, self.partition, failed.error
-                ));
-                return;
-            }
-            Some(_) => self.flight.retry.failed(now_ms),
-        }
-        match (event.delivery, event.failure) {
-            (delivery @ (Delivery::Output { offset, .. } | Delivery::DeadLetter { offset, .. }), None) => {
-                if matches!(delivery, Delivery::Output { .. }) {
-                    self.metrics.outputs_acknowledged(1);
-                } else {
-                    self.metrics.dead_letters_acknowledged(1);
-                    self.flight.dead_letters_in_flight = self.flight.dead_letters_in_flight.saturating_sub(1);
-                }
-                // A dead letter is held like an output of its record.
-                self.acknowledge(
-                    shared,
-                    Ack::Output {
-                        item_offset: offset,
-                        count: 1,
-                    },
-                )
-            }
-            (delivery @ (Delivery::Output { offset, .. } | Delivery::DeadLetter { offset, .. }), Some(failed)) => {
-                // Neither is ever given up: it is sent again, in order of
-                // failure, once the backoff has passed.
-                tracing::warn!(
-                    partition = self.partition, offset, error = %failed.error, topic = %failed.topic,
-                    "record not delivered; sending it again"
-                );
-                self.flight.resend.push((delivery, failed));
-            }
-            (Delivery::BackupRecord { seq, .. }, failure) => {
-                if let Some(failed) = &failure {
-                    tracing::warn!(partition = self.partition, seq, error = %failed.error, "backup record not delivered; the backup is retried");
-                }
-                self.flight.backup_record_done(seq, failure.is_some());
-            }
-            (Delivery::Marker { seq, .. }, None) => {
-                self.flight.markers.done(seq, true);
-                self.acknowledge(shared, Ack::MarkerWritten(seq))
-            }
-            (Delivery::Marker { seq, .. }, Some(failed)) => {
-                self.flight.markers.done(seq, false);
-                tracing::warn!(partition = self.partition, seq, error = %failed.error, "marker not delivered; it is retried");
-                self.acknowledge(shared, Ack::MarkerFailed(seq));
-            }
-        }
-        self.settle(shared);
     }
 
+    /// Brings the task's metrics up to date.
+    pub(super) fn publish(&mut self) {
+        let controller = self.driver.controller();
+        let position = TaskPosition {
+            divergence: self.driver.operator().divergence(),
+            thresholds: controller.thresholds(),
+            items_past_marker: controller.items_past_marker(),
+            unacknowledged_outputs: controller.unacknowledged_outputs(),
+            failures: controller.failures(),
+            marker_round_trips: (self.flight.markers.acknowledged, self.flight.markers.total),
+        };
+        self.metrics
+            .publish(self.driver.stats(), self.batch.undecodable, &position);
+    }
+
+    /// Hands the operator a record of the feedback topic; one that does not
+    /// decode is skipped with a warning (the next one supersedes it).
+    pub(super) fn feedback(&mut self, shared: &Shared<'_>, codec: &Codec, value: &[u8]) {
+        let mut io = Self::io(
+            shared,
+            (self.partition, self.incarnation),
+            &mut self.flight,
+            &mut self.key,
+            &mut self.value,
+            RawRecords::NONE,
+        );
+        match self
+            .driver
+            .side_input(|operator| operator.feedback(codec, value), &mut io)
+        {
+            Ok(moved) => tracing::debug!(partition = self.partition, moved, "feedback taken in"),
+            Err(error) => tracing::warn!(partition = self.partition, %error, "a feedback record was skipped"),
+        }
+    }
+}
+
+impl<O: ServiceOperator> TaskView for Task<O> {
+    fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    fn incarnation(&self) -> TaskIncarnation {
+        self.incarnation
+    }
+
+    fn is_stopped(&self) -> bool {
+        self.driver.is_stopped()
+    }
+
+    fn at_end(&self) -> bool {
+        self.batch.is_drained() && self.batch.next_offset >= self.end
+    }
+
+    /// Input is at hand but waits on an acknowledgement (the outputs, the
+    /// start marker).
+    fn awaits_acknowledgement(&self) -> bool {
+        !self.batch.is_drained() && matches!(self.driver.readiness(), Err(Blocked::Outputs | Blocked::StartMarker))
+    }
+
+    fn unacknowledged_outputs(&self) -> u64 {
+        self.driver.controller().unacknowledged_outputs()
+    }
+
+    fn next_offset(&self) -> u64 {
+        self.driver.controller().processed().offset
+    }
+
+    /// A task on a local store restarts on it exactly anyway.
+    fn parkable(&self) -> bool {
+        self.store.is_none() && !self.driver.is_stopped()
+    }
+
+    fn take_fatal(&mut self) -> Option<String> {
+        self.flight.fatal.take()
+    }
+}
+
+impl<O: ServiceOperator> ManagedTask<Shared<'_>> for Task<O> {
     /// Takes input until the driver must wait; returns whether anything happened.
-    pub(super) fn step(&mut self, shared: &Shared<'_>, now_ms: u64, stopping: bool) -> bool {
+    fn step(&mut self, shared: &Shared<'_>, now_ms: u64, stopping: bool) -> bool {
         let mut worked = self.settle(shared);
         if stopping || self.driver.is_stopped() {
             return worked;
@@ -600,52 +580,129 @@ impl<O: ServiceOperator> Task<O> {
         worked
     }
 
-    /// Brings the task's metrics up to date.
-    pub(super) fn publish(&mut self) {
-        let controller = self.driver.controller();
-        let position = TaskPosition {
-            divergence: self.driver.operator().divergence(),
-            thresholds: controller.thresholds(),
-            items_past_marker: controller.items_past_marker(),
-            unacknowledged_outputs: controller.unacknowledged_outputs(),
-            failures: controller.failures(),
-            marker_round_trips: (self.flight.markers.acknowledged, self.flight.markers.total),
-        };
-        self.metrics
-            .publish(self.driver.stats(), self.batch.undecodable, &position);
-    }
-
-    pub(super) fn at_end(&self) -> bool {
-        self.batch.is_drained() && self.batch.next_offset >= self.end
-    }
-
-    /// Input is at hand but waits on an acknowledgement (the outputs, the
-    /// start marker).
-    pub(super) fn awaits_acknowledgement(&self) -> bool {
-        !self.batch.is_drained() && matches!(self.driver.readiness(), Err(Blocked::Outputs | Blocked::StartMarker))
-    }
-
-    /// Hands the operator a record of the feedback topic; one that does not
-    /// decode is skipped with a warning (the next one supersedes it).
-    pub(super) fn feedback(&mut self, shared: &Shared<'_>, codec: &Codec, value: &[u8]) {
-        let mut io = Self::io(
-            shared,
-            (self.partition, self.incarnation),
-            &mut self.flight,
-            &mut self.key,
-            &mut self.value,
-            RawRecords::NONE,
-        );
-        match self
-            .driver
-            .side_input(|operator| operator.feedback(codec, value), &mut io)
-        {
-            Ok(moved) => tracing::debug!(partition = self.partition, moved, "feedback taken in"),
-            Err(error) => tracing::warn!(partition = self.partition, %error, "a feedback record was skipped"),
+    /// Writes the state changes to the local store (with the offset they are
+    /// exact at), then sends the changelog records held for that write; sends
+    /// failed outputs and dead letters again. Nothing goes out while a failed
+    /// delivery's backoff lasts.
+    fn flush(&mut self, shared: &Shared<'_>, now_ms: u64) -> bool {
+        if self.flight.retry.holds(now_ms) {
+            return false;
         }
+        let resent = !self.flight.resend.is_empty();
+        for (delivery, failed) in std::mem::take(&mut self.flight.resend) {
+            let mut record = BaseRecord::with_opaque_to(&failed.topic, delivery.pack());
+            if let Some(key) = &failed.key {
+                record = record.key(key.as_slice());
+            }
+            if let Some(value) = &failed.value {
+                record = record.payload(value.as_slice());
+            }
+            if let Some(headers) = failed.headers {
+                record = record.headers(headers);
+            }
+            if self.flight.fatal.is_some() {
+                break;
+            }
+            if let Err(error) = send(shared.producer, record) {
+                self.flight.fatal.get_or_insert(format!(
+                    "sending a record to {} again: {}",
+                    failed.topic,
+                    send_failure(&error)
+                ));
+            }
+        }
+        if self.flight.changelog.is_empty() && !self.flight.unwritten {
+            return resent;
+        }
+        if self.store.is_some() && self.flight.dead_letters_in_flight > 0 {
+            // The store write (and the changelog records that wait for it)
+            // waits for the dead letters' acknowledgements.
+            return resent;
+        }
+        if let Some((store, meta)) = &mut self.store {
+            self.driver.stage_state();
+            self.driver.checkpoint(&mut meta.checkpoint);
+            if let Err(error) = store.write(meta) {
+                self.flight.fatal.get_or_insert(error.to_string());
+                return true;
+            }
+            self.driver.state_durable();
+        }
+        self.flight.unwritten = false;
+        self.send_changelog(shared);
+        true
     }
 
-    pub(super) fn begin_stop(&mut self, shared: &Shared<'_>) {
+    fn delivered(&mut self, shared: &Shared<'_>, event: DeliveryEvent, now_ms: u64) {
+        let changelog = matches!(event.delivery, Delivery::BackupRecord { .. } | Delivery::Marker { .. });
+        if changelog && event.failure.is_some() {
+            if let Some((code, reason)) = shared.changelog_producer.client().fatal_error() {
+                // No record may land behind the failed one: the producer stopped.
+                self.flight.fatal.get_or_insert(format!(
+                    "the changelog's producer stopped ({code:?}: {reason}); a restart recovers from the last \
+                     marker in {}",
+                    shared.topics.changelog
+                ));
+                return;
+            }
+        }
+        match &event.failure {
+            None => self.flight.retry.succeeded(),
+            Some(failed) if failed.code.is_some_and(is_permanent) => {
+                self.flight.fatal.get_or_insert(format!(
+                    "the broker refuses a record for {} for good (input partition {}): {}",
+                    failed.topic, self.partition, failed.error
+                ));
+                return;
+            }
+            Some(_) => self.flight.retry.failed(now_ms),
+        }
+        match (event.delivery, event.failure) {
+            (delivery @ (Delivery::Output { offset, .. } | Delivery::DeadLetter { offset, .. }), None) => {
+                if matches!(delivery, Delivery::Output { .. }) {
+                    self.metrics.outputs_acknowledged(1);
+                } else {
+                    self.metrics.dead_letters_acknowledged(1);
+                    self.flight.dead_letters_in_flight = self.flight.dead_letters_in_flight.saturating_sub(1);
+                }
+                // A dead letter is held like an output of its record.
+                self.acknowledge(
+                    shared,
+                    Ack::Output {
+                        item_offset: offset,
+                        count: 1,
+                    },
+                )
+            }
+            (delivery @ (Delivery::Output { offset, .. } | Delivery::DeadLetter { offset, .. }), Some(failed)) => {
+                // Neither is ever given up: it is sent again, in order of
+                // failure, once the backoff has passed.
+                tracing::warn!(
+                    partition = self.partition, offset, error = %failed.error, topic = %failed.topic,
+                    "record not delivered; sending it again"
+                );
+                self.flight.resend.push((delivery, failed));
+            }
+            (Delivery::BackupRecord { seq, .. }, failure) => {
+                if let Some(failed) = &failure {
+                    tracing::warn!(partition = self.partition, seq, error = %failed.error, "backup record not delivered; the backup is retried");
+                }
+                self.flight.backup_record_done(seq, failure.is_some());
+            }
+            (Delivery::Marker { seq, .. }, None) => {
+                self.flight.markers.done(seq, true);
+                self.acknowledge(shared, Ack::MarkerWritten(seq))
+            }
+            (Delivery::Marker { seq, .. }, Some(failed)) => {
+                self.flight.markers.done(seq, false);
+                tracing::warn!(partition = self.partition, seq, error = %failed.error, "marker not delivered; it is retried");
+                self.acknowledge(shared, Ack::MarkerFailed(seq));
+            }
+        }
+        self.settle(shared);
+    }
+
+    fn begin_stop(&mut self, shared: &Shared<'_>) {
         self.before_stop = Some(self.driver.stats());
         let mut io = Self::io(
             shared,
@@ -657,5 +714,12 @@ impl<O: ServiceOperator> Task<O> {
         );
         self.driver.begin_stop(&mut io);
         self.settle(shared);
+    }
+    fn resume(&mut self, shared: &Shared<'_>, end: u64) -> Result<(), ServiceError> {
+        let next_offset = self.next_offset();
+        self.queue = own_queue(shared.consumer, &shared.topics.input, self.partition, next_offset)?;
+        self.batch = InputBatch::new(next_offset);
+        self.end = end;
+        Ok(())
     }
 }
