@@ -38,11 +38,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use afstream::eval::produce::{produce, Encoder, Workload};
 use afstream::operators::Consistency;
 use afstream::service::clients::assigned_reader;
 use afstream::service::config::{self, Config, ModeName, OperatorConfig};
 use afstream::service::kafka::partition_count;
-use afstream::service::produce::{produce, Encoder, Workload};
 use afstream::service::{run, RunOptions};
 use rdkafka::consumer::Consumer;
 use rdkafka::{Message, Offset, TopicPartitionList};

@@ -7,4 +7,5 @@
 
 pub use afstream_core as core;
 pub use afstream_core::{operators, workloads};
+pub mod eval;
 pub mod service;

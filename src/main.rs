@@ -11,8 +11,8 @@ use afstream::core::{
 use afstream::operators::heavy_hitters::detection_accuracy;
 use afstream::operators::online_join::{exact_join, relative_error};
 use afstream::operators::*;
-use afstream::service;
 use afstream::workloads;
+use afstream::{eval, service};
 use clap::{Parser, Subcommand, ValueEnum};
 use rand::{Rng, SeedableRng};
 
@@ -188,14 +188,14 @@ struct ProduceArgs {
     topic: String,
     /// Whose input the records are (their schema in schemas/).
     #[arg(long, value_enum)]
-    workload: service::produce::Workload,
+    workload: eval::produce::Workload,
     /// Read the records from this file instead of generating them.
     #[arg(long)]
     file: Option<std::path::PathBuf>,
     /// How the file is laid out (default: by its extension: .csv, .jsonl or
     /// .json, else text lines).
     #[arg(long, value_enum)]
-    file_format: Option<service::produce::FileFormat>,
+    file_format: Option<eval::produce::FileFormat>,
     /// How values are written (default: text for the text workload, JSON otherwise).
     #[arg(long, value_enum)]
     format: Option<service::config::Format>,
@@ -375,8 +375,8 @@ fn check(args: &CheckArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn produce(args: &ProduceArgs) -> Result<(), Box<dyn std::error::Error>> {
+    use eval::produce::{Encoder, FileFormat, ProduceOptions, Workload};
     use service::config::{AvroConfig, Format, Framing};
-    use service::produce::{Encoder, FileFormat, ProduceOptions, Workload};
     let kafka = service::config::KafkaConfig {
         properties: args.properties.iter().cloned().collect(),
         ..service::config::KafkaConfig::new(args.bootstrap_servers.clone())
@@ -410,13 +410,12 @@ fn produce(args: &ProduceArgs) -> Result<(), Box<dyn std::error::Error>> {
                     _ => FileFormat::Lines,
                 });
             let records = encoder.file(path, layout)?;
-            let summary =
-                service::produce::produce_from(&kafka, &args.topic, args.partitions, records, &options(None))?;
+            let summary = eval::produce::produce_from(&kafka, &args.topic, args.partitions, records, &options(None))?;
             (summary, format!("{} ({layout:?})", path.display()))
         }
         None => {
             let records = encoder.synthetic(args.items, args.seed)?;
-            let summary = service::produce::produce_from(
+            let summary = eval::produce::produce_from(
                 &kafka,
                 &args.topic,
                 args.partitions,
@@ -444,7 +443,7 @@ fn produce(args: &ProduceArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn experiment(args: &ExperimentArgs) -> Result<(), Box<dyn std::error::Error>> {
-    if service::convergence::is_learner(&args.config)? {
+    if eval::convergence::is_learner(&args.config)? {
         let unsupported = [
             (!args.max_uncovered.is_empty(), "--max-uncovered"),
             (args.node_loss, "--node-loss"),
@@ -460,7 +459,7 @@ fn experiment(args: &ExperimentArgs) -> Result<(), Box<dyn std::error::Error>> {
             )
             .into());
         }
-        let report = service::convergence::run_convergence(&service::convergence::ConvergenceOptions {
+        let report = eval::convergence::run_convergence(&eval::convergence::ConvergenceOptions {
             config: args.config.clone(),
             items: args.items,
             partitions: args.partitions,
@@ -470,7 +469,8 @@ fn experiment(args: &ExperimentArgs) -> Result<(), Box<dyn std::error::Error>> {
             seed: args.seed,
             dir: args.dir.clone(),
         })?;
-        print!("{}", service::convergence::markdown(&report));
+        eval::plots::write_convergence_plots(&report, &args.dir)?;
+        print!("{}", eval::convergence::markdown(&report));
         println!(
             "\nreports: {} and {}",
             args.dir.join("report.json").display(),
@@ -478,7 +478,7 @@ fn experiment(args: &ExperimentArgs) -> Result<(), Box<dyn std::error::Error>> {
         );
         return Ok(());
     }
-    let report = service::experiment::run_experiment(&service::experiment::ExperimentOptions {
+    let report = eval::experiment::run_experiment(&eval::experiment::ExperimentOptions {
         config: args.config.clone(),
         items: args.items,
         partitions: args.partitions,
@@ -492,7 +492,8 @@ fn experiment(args: &ExperimentArgs) -> Result<(), Box<dyn std::error::Error>> {
         seed: args.seed,
         dir: args.dir.clone(),
     })?;
-    print!("{}", service::experiment::markdown(&report));
+    eval::plots::write_plots(&report, &args.dir)?;
+    print!("{}", eval::experiment::markdown(&report));
     println!(
         "\nreports: {} and {}",
         args.dir.join("report.json").display(),
@@ -502,9 +503,9 @@ fn experiment(args: &ExperimentArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn exact(args: &ExactArgs) -> Result<(), Box<dyn std::error::Error>> {
-    use service::exact::{Answer, Comparison};
+    use eval::exact::{Answer, Comparison};
     let config = service::config::load_named(&args.config, &env, args.pipeline.as_deref())?;
-    let report = service::exact::exact(&config, args.compare)?;
+    let report = eval::exact::exact(&config, args.compare)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
@@ -599,7 +600,7 @@ fn exact(args: &ExactArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn demo(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let options = service::demo::DemoOptions {
+    let options = eval::demo::DemoOptions {
         kafka: service::config::KafkaConfig {
             group_id: "afstream-demo".into(),
             properties: args.properties.iter().cloned().collect(),
@@ -614,7 +615,7 @@ fn demo(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         max_uncovered: args.max_uncovered,
         max_unacked: args.max_unacked,
     };
-    Ok(service::demo::run_demo(&options, &mut std::io::stdout())?)
+    Ok(eval::demo::run_demo(&options, &mut std::io::stdout())?)
 }
 
 fn controller_config(op: &impl Operator, args: &SimulateArgs, theta: f64) -> Result<ControllerConfig, CoreError> {

@@ -12,10 +12,10 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
+use afstream::eval::produce::{produce, Encoder, Workload};
 use afstream::operators::{Consistency, DistributedSgdConfig, GlobalModel, SgdWorker};
 use afstream::service::codec::GlobalModelRecord;
 use afstream::service::config::Format;
-use afstream::service::produce::{produce, Encoder, Workload};
 use afstream::workloads;
 use common::{log_lines, test_dir, unique, write_learner_config, Broker, Service};
 

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use afstream::core::{AnalysisConstants, FailurePolicy, GlobalThresholds, Operator, Placement, ThresholdPolicy};
+use afstream::eval::demo::logged_recoveries;
+use afstream::eval::produce::{produce, text_records, InputRecord};
 use afstream::operators::{HeavyHitterConfig, HeavyHitters, HitterThreshold, WordCount, WordCountConfig};
-use afstream::service::demo::logged_recoveries;
-use afstream::service::produce::{produce, text_records, InputRecord};
 use common::{latest_by_key, log_lines, test_dir, unique, Broker, Service};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -155,7 +155,7 @@ fn word_count_without_failures_matches_the_core_library() {
 #[cfg(feature = "fault-injection")]
 #[test]
 fn records_fetched_while_other_tasks_start_are_all_processed() {
-    use afstream::service::produce::{produce_from, ProduceOptions};
+    use afstream::eval::produce::{produce_from, ProduceOptions};
     use std::time::Instant;
     let dir = test_dir("slow-start");
     let broker = Broker::start(&dir);

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use afstream::core::operators::{KeyedAggregation, KeyedAggregationConfig};
 use afstream::core::{read_changelog, BackupEntry, EntryBytes, Operator};
+use afstream::eval::produce::{produce, text_records};
 use afstream::operators::{WordCount, WordCountConfig};
-use afstream::service::produce::{produce, text_records};
 use common::{latest_by_key, log_lines, test_dir, unique, Broker, Record, Service};
 
 const RUN_DEADLINE: Duration = Duration::from_secs(180);

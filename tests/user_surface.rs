@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use afstream::service::produce::{produce, InputRecord};
+use afstream::eval::produce::{produce, InputRecord};
 use common::{test_dir, unique, Broker, Service};
 
 const RUN_DEADLINE: Duration = Duration::from_secs(120);

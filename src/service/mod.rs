@@ -1,34 +1,22 @@
-//! The Kafka service: `afstream run`.
+//! The Kafka service: `afstream run`, and what it is configured and checked
+//! with. The evaluation tools around it are in `crate::eval`.
 //!
 //! * [`check`]: `afstream check`, what a config runs with, without connecting;
-//! * [`child`]: `afstream run` as a child process, and the recoveries its log records;
 //! * [`config`]: the TOML config file;
-//! * [`demo`]: `afstream demo`, the whole story on a real broker;
 //! * [`codec`]: records to operator inputs, outputs to records (text, JSON, Avro);
-//! * [`experiment`]: `afstream experiment`, failure-free against K SIGKILLs, both against the exact answer;
-//! * [`exact`]: `afstream exact`, the exact answer from the input topic, and the output against it;
-//! * [`kafka`]: clients, topics, changelog reading, delivery reports;
+//! * [`clients`]: every Kafka client afstream makes, and its settings;
+//! * [`kafka`]: topics, changelog reading, delivery reports;
 //! * [`metrics`]: the Prometheus exporter and each task's metrics;
-//! * [`plots`]: an experiment's SVG plots;
-//! * [`produce`]: synthetic workloads or files into an input topic;
 //! * [`runner`]: the consumer group and one core `TaskDriver` per partition;
 //! * [`state`]: the local state directory and its lock;
 //! * [`store`]: a task's local RocksDB store.
 
 pub mod check;
-pub mod child;
 pub mod clients;
 pub mod codec;
 pub mod config;
-pub mod convergence;
-pub mod demo;
-pub mod exact;
-pub mod experiment;
 pub mod kafka;
 pub mod metrics;
-pub mod observed;
-pub mod plots;
-pub mod produce;
 pub mod runner;
 pub mod state;
 pub mod store;

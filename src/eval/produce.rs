@@ -13,15 +13,15 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientContext;
 
-use super::clients::idempotent_producer;
-use super::codec::{
+use crate::operators::{HeavyHitters, KeyedAggregation, OnlineJoin, OnlineLogisticRegression, Side, WordCount};
+use crate::service::clients::idempotent_producer;
+use crate::service::codec::{
     Codec, FeatureRecord, FlowPacketRecord, JoinTupleRecord, KeyedValueRecord, LabeledVectorRecord, ServiceOperator,
     TextLineRecord,
 };
-use super::config::{AvroConfig, Format, KafkaConfig, OperatorConfig};
-use super::kafka::{ensure_topics, TopicSpec, REQUEST_TIMEOUT};
-use super::ServiceError;
-use crate::operators::{HeavyHitters, KeyedAggregation, OnlineJoin, OnlineLogisticRegression, Side, WordCount};
+use crate::service::config::{AvroConfig, Format, KafkaConfig, OperatorConfig};
+use crate::service::kafka::{ensure_topics, TopicSpec, REQUEST_TIMEOUT};
+use crate::service::ServiceError;
 use crate::workloads;
 
 /// One input record.

@@ -14,10 +14,6 @@ use std::collections::{BTreeMap, HashSet};
 use serde::Serialize;
 use serde_json::Value as Json;
 
-use super::codec::{Codec, ServiceOperator};
-use super::config::Config;
-use super::kafka::{partition_count, KafkaSetupError, TopicReader};
-use super::ServiceError;
 use crate::core::Operator;
 use crate::operators::heavy_hitters::detection_accuracy;
 use crate::operators::online_join::{exact_join, relative_error};
@@ -25,6 +21,10 @@ use crate::operators::{
     GlobalModel, Grep, HeavyHitters, HitterThreshold, KeyedAggregation, LabeledVector, LocalModel, ModelAverager,
     OnlineJoin, OnlineLogisticRegression, SgdWorker, Tokenize, WordCount,
 };
+use crate::service::codec::{Codec, ServiceOperator};
+use crate::service::config::Config;
+use crate::service::kafka::{partition_count, KafkaSetupError, TopicReader};
+use crate::service::ServiceError;
 
 /// Keys listed by name when some are missing or unexpected.
 const KEYS_LISTED: usize = 10;

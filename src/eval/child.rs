@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use super::ServiceError;
+use crate::service::ServiceError;
 
 /// How long a run to the end may take.
 const STEP_DEADLINE: Duration = Duration::from_secs(300);

@@ -16,14 +16,14 @@ use rand::{Rng, SeedableRng};
 
 use super::child::Run;
 pub use super::child::{logged_recoveries, LoggedRecovery};
-use super::codec::{Codec, ServiceOperator};
-use super::config::KafkaConfig;
-use super::kafka::{ChangelogLoader, TopicReader};
 use super::produce::{packet_records, produce};
-use super::ServiceError;
 use crate::core::{AnalysisConstants, GlobalThresholds, Operator, Placement, ThresholdPolicy};
 use crate::operators::heavy_hitters::detection_accuracy;
 use crate::operators::{HeavyHitterConfig, HeavyHitters, HitterThreshold};
+use crate::service::codec::{Codec, ServiceOperator};
+use crate::service::config::KafkaConfig;
+use crate::service::kafka::{ChangelogLoader, TopicReader};
+use crate::service::ServiceError;
 
 /// How long any one step may take.
 const STEP_DEADLINE: Duration = Duration::from_secs(300);

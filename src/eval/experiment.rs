@@ -15,14 +15,14 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use super::child::{log_field, logged_recoveries, LoggedRecovery, Run};
-use super::config::KafkaConfig;
-use super::config::{self, Config};
 use super::exact::{exact, Answer, Comparison};
-use super::kafka::{ensure_topics, ChangelogLoader, TopicReader, TopicSpec};
 use super::observed::{observed_divergences, RestoreCheck};
 use super::produce::{produce_from, Encoder, InputRecord, ProduceOptions, Workload};
-use super::ServiceError;
 use crate::core::recovery::BackupMarker;
+use crate::service::config::KafkaConfig;
+use crate::service::config::{self, Config};
+use crate::service::kafka::{ensure_topics, ChangelogLoader, TopicReader, TopicSpec};
+use crate::service::ServiceError;
 
 /// The longest one run may take to reach a kill point.
 const KILL_DEADLINE: Duration = Duration::from_secs(300);
@@ -40,7 +40,7 @@ pub struct ExperimentOptions {
     pub node_loss: bool,
     /// Each kill comes in the middle of a backup (the process kills itself
     /// between a backup's entries and its marker, see
-    /// [`super::runner::CRASH_IN_BACKUP`]), at a seeded backup of the run.
+    /// [`crate::service::runner::CRASH_IN_BACKUP`]), at a seeded backup of the run.
     pub kill_mid_backup: bool,
     /// Instances of the service in the run's consumer group, each with a
     /// state directory of its own. With more than one, the kills hit the
@@ -245,7 +245,12 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
     std::fs::create_dir_all(&options.dir)
         .map_err(|e| ServiceError::Unsupported(format!("{}: {e}", options.dir.display())))?;
     let workload = Workload::for_operator(&base.pipeline.operator);
-    if options.partitions > 1 && matches!(base.pipeline.operator, super::config::OperatorConfig::WordCount(_)) {
+    if options.partitions > 1
+        && matches!(
+            base.pipeline.operator,
+            crate::service::config::OperatorConfig::WordCount(_)
+        )
+    {
         return Err(ServiceError::Unsupported(
             "word_count counts per input partition and the synthetic lines are not keyed: run the experiment with \
              --partitions 1 (or run a two-stage WordCount)"
@@ -272,7 +277,7 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
         &ProduceOptions::default(),
     )?;
 
-    let alpha = super::check::plan(&base, options.partitions)?.constants.alpha;
+    let alpha = crate::service::check::plan(&base, options.partitions)?.constants.alpha;
     let mut runs = Vec::new();
     let mut answer = None;
     let ft = &base.pipeline.fault_tolerance;
@@ -414,7 +419,6 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
     let json = serde_json::to_string_pretty(&report).map_err(|e| ServiceError::Unsupported(e.to_string()))?;
     write(&options.dir.join("report.json"), &json)?;
     write(&options.dir.join("report.md"), &markdown(&report))?;
-    super::plots::write_plots(&report, &options.dir).map_err(ServiceError::Unsupported)?;
     Ok(report)
 }
 
@@ -492,7 +496,12 @@ fn run_with_kills(
         if options.kill_mid_backup {
             // The process kills itself in its N-th backup with entries.
             let backup = rng.gen_range(MID_BACKUP_KILLS).to_string();
-            let mut run = Run::start_with(path, log.clone(), true, &[(super::runner::CRASH_IN_BACKUP, &backup)])?;
+            let mut run = Run::start_with(
+                path,
+                log.clone(),
+                true,
+                &[(crate::service::runner::CRASH_IN_BACKUP, &backup)],
+            )?;
             logs.push(log);
             if !run.killed()? {
                 // The input ended before that backup: no more kills.

@@ -17,13 +17,13 @@ use rdkafka::Message;
 use serde::Serialize;
 
 use super::child::{logged_recoveries, Run};
-use super::codec::GlobalModelRecord;
-use super::config::{self, Config, OperatorConfig};
 use super::experiment::{recovery_records, RecoveryRecord};
-use super::kafka::TopicReader;
 use super::produce::{produce_from, Encoder, ProduceOptions, Workload, VECTOR_FEATURES};
-use super::ServiceError;
 use crate::operators::{Consistency, DistributedSgdConfig, GlobalModel, SgdWorker};
+use crate::service::codec::GlobalModelRecord;
+use crate::service::config::{self, Config, OperatorConfig};
+use crate::service::kafka::TopicReader;
+use crate::service::ServiceError;
 
 /// The longest one run may take to reach a kill point or its last iteration.
 const RUN_DEADLINE: Duration = Duration::from_secs(300);
@@ -304,7 +304,6 @@ fn write_report(report: &ConvergenceReport, dir: &Path) -> Result<(), ServiceErr
     let json = serde_json::to_string_pretty(report).map_err(|e| ServiceError::Unsupported(e.to_string()))?;
     write(&dir.join("report.json"), &json)?;
     write(&dir.join("report.md"), &markdown(report))?;
-    super::plots::write_convergence_plots(report, dir).map_err(ServiceError::Unsupported)?;
     Ok(())
 }
 

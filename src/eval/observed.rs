@@ -11,10 +11,10 @@
 //! to the resume offset. Both states are built by the pipeline's own operator
 //! and compared by its divergence function (`Operator::distance`).
 
-use super::codec::{Codec, ServiceOperator};
-use super::config::Config;
-use super::kafka::{ChangelogLoader, TopicReader};
-use super::ServiceError;
+use crate::service::codec::{Codec, ServiceOperator};
+use crate::service::config::Config;
+use crate::service::kafka::{ChangelogLoader, TopicReader};
+use crate::service::ServiceError;
 
 /// One recovery from the changelog, as the service logged it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
