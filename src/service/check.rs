@@ -7,10 +7,10 @@
 use std::fmt::Write as _;
 
 use super::codec::ServiceOperator;
-use super::config::{Config, PolicyName};
+use super::config::{Config, PolicyName, Stage};
 use super::ServiceError;
 use crate::core::{
-    AnalysisConstants, ControllerConfig, ErrorBound, Mode, Norm, Placement, TaskThresholds, ThresholdPolicy,
+    AnalysisConstants, ControllerConfig, ErrorBound, Mode, Norm, Operator, Placement, TaskThresholds, ThresholdPolicy,
 };
 
 /// Failures `check` lists the thresholds and bounds of.
@@ -25,6 +25,17 @@ pub struct TaskPlan {
     pub controller: ControllerConfig,
     /// The operator keeps its keyed state in a local store when given a state directory.
     pub store_backed: bool,
+}
+
+/// β of a chain: the most outputs one input of any of its stages makes.
+pub fn fanout(stage: &Stage) -> Result<f64, ServiceError> {
+    let mut beta: u32 = 1;
+    for operator in &stage.operators {
+        let stage_beta = crate::with_operator!(operator, |O, c| O::build(c, None).map(|o| o.constants().beta))?;
+        let stage_beta = u32::try_from(stage_beta).unwrap_or(u32::MAX);
+        beta = beta.max(stage_beta);
+    }
+    Ok(f64::from(beta))
 }
 
 impl TaskPlan {
@@ -48,7 +59,7 @@ impl TaskPlan {
                 parallelism,
                 stage: stage.index,
                 stages: stage.stages,
-                stage_fanout: stage.fanout,
+                stage_fanout: fanout(stage)?,
             },
             None => Placement {
                 parallelism,
@@ -171,7 +182,8 @@ pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError
         }
     );
     if let Some(stage) = &config.stage {
-        let share = stage.fanout.powi((stage.stages - stage.index) as i32);
+        let beta = fanout(stage).unwrap_or(1.0);
+        let share = beta.powi((stage.stages - stage.index) as i32);
         let _ = writeln!(
             out,
             "stage {} of {} of the chain {} (fan-out beta = {}): this stage's share of Theta is Theta/{} = {}, \
@@ -179,7 +191,7 @@ pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError
             stage.index,
             stage.stages,
             stage.chain.join(" -> "),
-            stage.fanout,
+            beta,
             share,
             trim(&format!("{:.6}", ft.theta / share))
         );
@@ -260,7 +272,10 @@ pub fn chain_bound(stages: &[&Config], partitions: usize) -> Result<f64, Service
         .collect::<Result<Vec<_>, _>>()?;
     let Some(last) = plans.last() else { return Ok(0.0) };
     let tasks = |p: &TaskPlan| if p.norm.is_additive() { partitions as f64 } else { 1.0 };
-    let beta = stages.first().and_then(|c| c.stage.as_ref()).map_or(1.0, |s| s.fanout);
+    let beta = match stages.first().and_then(|c| c.stage.as_ref()) {
+        Some(stage) => fanout(stage)?,
+        None => 1.0,
+    };
     let m = plans.len();
     let mut bound = tasks(last) * last.policy.limit(last.constants).state;
     for (i, (p, config)) in plans[..m - 1].iter().zip(stages).enumerate() {

@@ -15,7 +15,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, ProducerContext};
 
 use super::config::KafkaConfig;
-use super::kafka::DeliveryReports;
+use super::delivery::DeliveryReports;
 
 /// What a client is for: it takes the user's properties for its role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,8 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::codec::ServiceOperator;
-use crate::core::{CoreError, ExactInterval, FailurePolicy, GlobalThresholds, Mode, Operator};
+use crate::core::{CoreError, ExactInterval, FailurePolicy, GlobalThresholds, Mode};
 use crate::operators::{
     DistributedSgdConfig, HeavyHitterConfig, JoinConfig, KeyedAggregationConfig, LogisticConfig, TokenizeConfig,
     WordCountConfig,
@@ -62,10 +61,11 @@ pub struct Stage {
     pub index: u32,
     /// m.
     pub stages: u32,
-    /// β: the most outputs one input of any stage makes.
-    pub fanout: f64,
     /// The names of the chain's pipelines, first to last.
     pub chain: Vec<String>,
+    /// Their operators, first to last: β, the most outputs one input of any
+    /// stage makes, is theirs (`check::fanout`).
+    pub operators: Vec<OperatorConfig>,
 }
 
 /// A config file as written.
@@ -279,7 +279,7 @@ impl PipelineConfig {
 }
 
 /// The operator and its parameters (`kind` names it).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum OperatorConfig {
     WordCount(WordCountConfig),
@@ -573,14 +573,6 @@ fn chains(
         while let Some(next) = chain.last().and_then(|&last| downstream[last]) {
             chain.push(next);
         }
-        let mut fanout: f64 = 1.0;
-        for &i in &chain {
-            let beta = crate::with_operator!(&named[i].1.operator, |O, c| {
-                <O as ServiceOperator>::build(c, None).map(|o| o.constants().beta)
-            })
-            .map_err(|e| format!("pipelines {}: {e}", label(i)))?;
-            fanout = fanout.max(beta as f64);
-        }
         let names: Vec<String> = chain.iter().map(|&i| label(i)).collect();
         let last = chain.last().and_then(|&i| named[i].1.declared_fault_tolerance.clone());
         for (position, &i) in chain.iter().enumerate() {
@@ -588,8 +580,8 @@ fn chains(
                 Stage {
                     index: position as u32 + 1,
                     stages: chain.len() as u32,
-                    fanout,
                     chain: names.clone(),
+                    operators: chain.iter().map(|&i| named[i].1.operator.clone()).collect(),
                 },
                 last.clone(),
             ));
@@ -980,6 +972,10 @@ fault_tolerance = { mode = "approximate", theta = 800.0, max_uncovered = 100, ma
         let stages: Vec<(Option<&str>, Option<&Stage>)> =
             configs.iter().map(|c| (c.name.as_deref(), c.stage.as_ref())).collect();
         let chain = vec!["tokenize".to_string(), "count".to_string()];
+        let operators = vec![
+            OperatorConfig::Tokenize(TokenizeConfig { max_words_per_line: 8 }),
+            OperatorConfig::KeyedAggregation(KeyedAggregationConfig::default()),
+        ];
         assert_eq!(
             stages,
             [
@@ -988,8 +984,8 @@ fault_tolerance = { mode = "approximate", theta = 800.0, max_uncovered = 100, ma
                     Some(&Stage {
                         index: 1,
                         stages: 2,
-                        fanout: 8.0,
-                        chain: chain.clone()
+                        chain: chain.clone(),
+                        operators: operators.clone(),
                     })
                 ),
                 (
@@ -997,8 +993,8 @@ fault_tolerance = { mode = "approximate", theta = 800.0, max_uncovered = 100, ma
                     Some(&Stage {
                         index: 2,
                         stages: 2,
-                        fanout: 8.0,
-                        chain
+                        chain,
+                        operators,
                     })
                 ),
             ],

@@ -5,7 +5,8 @@
 //! * [`config`]: the TOML config file;
 //! * [`codec`]: records to operator inputs, outputs to records (text, JSON, Avro);
 //! * [`clients`]: every Kafka client afstream makes, and its settings;
-//! * [`kafka`]: topics, changelog reading, delivery reports;
+//! * [`delivery`]: what a produced record is for, and its delivery report;
+//! * [`kafka`]: topics and changelog reading;
 //! * [`metrics`]: the Prometheus exporter and each task's metrics;
 //! * [`runner`]: the consumer group and one core `TaskDriver` per partition;
 //! * [`state`]: the local state directory and its lock;
@@ -15,6 +16,7 @@ pub mod check;
 pub mod clients;
 pub mod codec;
 pub mod config;
+pub mod delivery;
 pub mod kafka;
 pub mod metrics;
 pub mod runner;

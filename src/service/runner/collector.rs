@@ -14,7 +14,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use crate::core::{source_identity, Ack, BackupBatch, BackupEntry, BackupMarker, Rejected, SourcePosition, TaskIo};
 use crate::service::codec::ServiceOperator;
-use crate::service::kafka::{Delivery, DeliveryReports, FailedRecord, TaskIncarnation};
+use crate::service::delivery::{Delivery, DeliveryReports, FailedRecord, TaskIncarnation};
 
 use super::input::{RawRecord, RawRecords};
 use super::{
@@ -489,7 +489,7 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::kafka::is_permanent;
+    use crate::service::delivery::is_permanent;
     use rdkafka::error::RDKafkaErrorCode;
 
     #[test]

@@ -17,7 +17,8 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::core::{BackupMarker, ControllerConfig, Mode, RecoveryPlan};
 use crate::service::config::Config;
-use crate::service::kafka::{ChangelogLoader, DeliveryReports, REQUEST_TIMEOUT};
+use crate::service::delivery::DeliveryReports;
+use crate::service::kafka::{ChangelogLoader, REQUEST_TIMEOUT};
 use crate::service::metrics::TaskMetrics;
 use crate::service::store::{StoreMeta, TaskStore};
 use crate::service::ServiceError;

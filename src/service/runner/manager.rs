@@ -34,7 +34,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::super::kafka::{DeliveryEvent, TaskIncarnation};
+use super::super::delivery::{DeliveryEvent, TaskIncarnation};
 use super::super::ServiceError;
 
 /// What the manager reads of a task.

@@ -41,9 +41,9 @@ use super::check::TaskPlan;
 use super::clients::{group_consumer, TaskProducers};
 use super::codec::{Codec, ServiceOperator};
 use super::config::{Config, KafkaConfig};
+use super::delivery::{DeliveryEvent, DeliveryReports, TaskIncarnation};
 use super::kafka::{
-    ensure_topics, partition_count, patiently, ChangelogLoader, DeliveryEvent, DeliveryReports, KafkaSetupError,
-    ReaderPool, TaskIncarnation, TopicSpec, REQUEST_TIMEOUT,
+    ensure_topics, partition_count, patiently, ChangelogLoader, KafkaSetupError, ReaderPool, TopicSpec, REQUEST_TIMEOUT,
 };
 use super::state::lock_state_dir;
 use super::store::{StoreBudget, StoreMeta, TaskStore};

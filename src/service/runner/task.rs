@@ -13,7 +13,8 @@ use crate::core::{
     Ack, BackupEntry, Blocked, ControllerConfig, DriverStats, MarkedState, Mode, ResumeSource, TaskDriver,
 };
 use crate::service::codec::{Codec, ServiceOperator};
-use crate::service::kafka::{is_permanent, ChangelogLoader, Delivery, DeliveryEvent, TaskIncarnation};
+use crate::service::delivery::{is_permanent, Delivery, DeliveryEvent, TaskIncarnation};
+use crate::service::kafka::ChangelogLoader;
 use crate::service::metrics::{TaskMetrics, TaskPosition};
 use crate::service::store::{StoreMeta, TaskStore};
 use crate::service::ServiceError;

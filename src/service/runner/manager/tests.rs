@@ -2,7 +2,7 @@
 //! and fake producers: no broker.
 
 use super::*;
-use crate::service::kafka::Delivery;
+use crate::service::delivery::Delivery;
 use std::cell::RefCell;
 
 /// The shared side: reports the test scripts, and flushes counted.
