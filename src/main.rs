@@ -1,20 +1,11 @@
 //! The `afstream` command.
 
-use std::collections::{HashMap, HashSet};
+mod simulate;
+
 use std::process::ExitCode;
 
-use afstream::core::harness::{simulate, SimulationOptions, SimulationReport};
-use afstream::core::{
-    ControllerConfig, CoreError, ExactInterval, FailurePolicy, GlobalThresholds, Mode, Operator, Placement,
-    ThresholdPolicy,
-};
-use afstream::operators::heavy_hitters::detection_accuracy;
-use afstream::operators::online_join::{exact_join, relative_error};
-use afstream::operators::*;
-use afstream::workloads;
 use afstream::{eval, service};
 use clap::{Parser, Subcommand, ValueEnum};
-use rand::{Rng, SeedableRng};
 
 #[derive(Parser)]
 #[command(
@@ -32,7 +23,7 @@ enum Command {
     /// Run a built-in workload in memory (no broker) with crashes at seeded random
     /// points, and report every recovery's observed error beside its proven bound
     /// and the final accuracy against the exact answer.
-    Simulate(SimulateArgs),
+    Simulate(simulate::SimulateArgs),
     /// Run the pipeline of a config file against Kafka until SIGTERM or SIGINT
     /// (then stop cleanly: final backup, marker and commit).
     Run(RunArgs),
@@ -231,14 +222,6 @@ fn parse_property(text: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("{text:?} is not KEY=VALUE"))
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum Workload {
-    HeavyHitters,
-    Join,
-    LogisticRegression,
-    WordCount,
-}
-
 /// A distributed learner's consistency model.
 #[derive(Clone, Copy, ValueEnum)]
 enum ConsistencyArg {
@@ -257,49 +240,6 @@ impl From<ConsistencyArg> for afstream::operators::Consistency {
     }
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum ModeArg {
-    None,
-    Approximate,
-    Exact,
-}
-
-#[derive(clap::Args)]
-struct SimulateArgs {
-    #[arg(long, value_enum, default_value = "heavy-hitters")]
-    workload: Workload,
-    /// Input items.
-    #[arg(long, default_value_t = 200_000)]
-    items: usize,
-    /// Crashes to inject.
-    #[arg(long, default_value_t = 10)]
-    failures: usize,
-    #[arg(long, value_enum, default_value = "approximate")]
-    mode: ModeArg,
-    /// Θ (default: the workload's paper setting).
-    #[arg(long)]
-    theta: Option<f64>,
-    /// L: items past the last backup marker.
-    #[arg(long, default_value_t = 1000)]
-    max_uncovered: u64,
-    /// The recovering threshold policy: a failure stops counting (and the
-    /// thresholds come back) this many items after its recovery resumed.
-    /// Default: the paper's halving, where every failure counts for good.
-    #[arg(long)]
-    recover_after: Option<u64>,
-    /// Γ: unacknowledged outputs.
-    #[arg(long, default_value_t = 1000)]
-    max_unacked: u64,
-    /// Exact mode: back up every this many items.
-    #[arg(long, default_value_t = 10_000)]
-    exact_interval: u64,
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    /// Print the report as JSON.
-    #[arg(long)]
-    json: bool,
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -311,7 +251,7 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match cli.command {
-        Command::Simulate(args) => run_simulation(&args),
+        Command::Simulate(args) => simulate::run_simulation(&args),
         Command::Run(args) => run_service(&args),
         Command::Check(args) => check(&args),
         Command::Produce(args) => produce(&args),
@@ -616,196 +556,4 @@ fn demo(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         max_unacked: args.max_unacked,
     };
     Ok(eval::demo::run_demo(&options, &mut std::io::stdout())?)
-}
-
-fn controller_config(op: &impl Operator, args: &SimulateArgs, theta: f64) -> Result<ControllerConfig, CoreError> {
-    let global = GlobalThresholds::new(theta, args.max_uncovered, args.max_unacked)?;
-    let mode = match args.mode {
-        ModeArg::None => Mode::None,
-        ModeArg::Approximate => Mode::Approximate,
-        ModeArg::Exact => Mode::Exact(ExactInterval {
-            items: Some(args.exact_interval),
-            millis: None,
-        }),
-    };
-    let failures = match args.recover_after {
-        Some(window_items) => FailurePolicy::Recovering { window_items },
-        None => FailurePolicy::Halving,
-    };
-    let policy = ThresholdPolicy::new(
-        global,
-        failures,
-        Placement::default(),
-        op.norm().is_additive(),
-        op.constants(),
-    )?;
-    Ok(ControllerConfig::new(mode, policy, op.constants()))
-}
-
-struct Outcome<O> {
-    failed: O,
-    clean: O,
-    report: SimulationReport,
-    bound_total: f64,
-}
-
-fn run_both<O>(
-    build: &dyn Fn() -> O,
-    args: &SimulateArgs,
-    theta: f64,
-    stream: &[O::Input],
-) -> Result<Outcome<O>, CoreError>
-where
-    O: Operator + Clone + 'static,
-    O::Output: Clone,
-{
-    let config = controller_config(&build(), args, theta)?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
-    let mut crash_after: Vec<u64> = (0..args.failures)
-        .map(|_| rng.gen_range(1..stream.len().max(2) as u64))
-        .collect();
-    crash_after.sort_unstable();
-    let options = SimulationOptions {
-        seed: args.seed,
-        crash_after,
-        ..SimulationOptions::default()
-    };
-    let (failed, report) = simulate(config, build, stream, options)?;
-    let quiet = SimulationOptions {
-        seed: args.seed,
-        ..SimulationOptions::default()
-    };
-    let (clean, _) = simulate(config, build, stream, quiet)?;
-    // Each recovery's bound was computed by the harness from Θ, L and k.
-    let bound_total = report.recoveries.iter().map(|r| r.bound).sum();
-    Ok(Outcome {
-        failed,
-        clean,
-        report,
-        bound_total,
-    })
-}
-
-fn run_simulation(args: &SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let mut accuracy: Vec<(String, f64)> = Vec::new();
-    let (report, drift, bound_total) = match args.workload {
-        Workload::HeavyHitters => {
-            let config = HeavyHitterConfig {
-                threshold: HitterThreshold::Bytes(2e6),
-                ..HeavyHitterConfig::default()
-            };
-            let stream = workloads::zipf_flows(args.items, 10_000, 1.1, args.seed);
-            let build = move || HeavyHitters::new(config).expect("validated config");
-            HeavyHitters::new(config)?;
-            let outcome = run_both(&build, args, args.theta.unwrap_or(1e5), &stream)?;
-            let mut exact: HashMap<&[u8], f64> = HashMap::new();
-            for p in &stream {
-                *exact.entry(p.flow.as_slice()).or_default() += p.bytes as f64;
-            }
-            let truth: HashSet<&[u8]> = exact.iter().filter(|(_, &b)| b >= 2e6).map(|(f, _)| *f).collect();
-            for (label, op) in [("failure-free", &outcome.clean), ("with failures", &outcome.failed)] {
-                let detected: HashSet<&[u8]> = exact.keys().copied().filter(|f| op.is_heavy(f)).collect();
-                let a = detection_accuracy(&detected, &truth);
-                accuracy.push((format!("{label} precision"), a.precision));
-                accuracy.push((format!("{label} recall"), a.recall));
-            }
-            let drift = outcome.failed.distance(&outcome.clean);
-            (outcome.report, drift, outcome.bound_total)
-        }
-        Workload::Join => {
-            let config = JoinConfig::default();
-            let stream = workloads::join_streams(args.items, 1_000, args.seed);
-            let build = move || OnlineJoin::new(config).expect("validated config");
-            let outcome = run_both(&build, args, args.theta.unwrap_or(1e3), &stream)?;
-            let (count, sum) = exact_join(&stream);
-            for (label, op) in [("failure-free", &outcome.clean), ("with failures", &outcome.failed)] {
-                let e = op.estimate();
-                accuracy.push((format!("{label} COUNT relative error"), relative_error(e.count, count)));
-                accuracy.push((format!("{label} SUM relative error"), relative_error(e.sum, sum)));
-            }
-            let drift = outcome.failed.distance(&outcome.clean);
-            (outcome.report, drift, outcome.bound_total)
-        }
-        Workload::LogisticRegression => {
-            let config = LogisticConfig::default();
-            let (stream, _) = workloads::separable_vectors(args.items, 1 << 12, 10, args.seed);
-            let (test, _) = workloads::separable_vectors(10_000, 1 << 12, 10, args.seed);
-            let build = move || OnlineLogisticRegression::new(config).expect("validated config");
-            let outcome = run_both(&build, args, args.theta.unwrap_or(10.0), &stream)?;
-            for (label, op) in [("failure-free", &outcome.clean), ("with failures", &outcome.failed)] {
-                let (acc, loss) = op.evaluate(&test);
-                accuracy.push((format!("{label} held-out accuracy"), acc));
-                accuracy.push((format!("{label} held-out log-loss"), loss));
-            }
-            let drift = outcome.failed.distance(&outcome.clean);
-            (outcome.report, drift, f64::NAN)
-        }
-        Workload::WordCount => {
-            let config = WordCountConfig::default();
-            let stream = workloads::text_lines(args.items, 10, 20_000, args.seed);
-            let build = move || WordCount::new(config).expect("validated config");
-            let outcome = run_both(&build, args, args.theta.unwrap_or(1e4), &stream)?;
-            let total: f64 = outcome.clean.iter().map(|(_, v)| v).sum();
-            let drift = outcome.failed.distance(&outcome.clean);
-            accuracy.push(("L1 error / total words".to_string(), drift / total.max(1.0)));
-            (outcome.report, drift, outcome.bound_total)
-        }
-    };
-
-    if args.json {
-        let value = serde_json::json!({
-            "report": report,
-            "final_drift_from_failure_free": drift,
-            "proven_bound": if bound_total.is_finite() { Some(bound_total) } else { None },
-            "accuracy": accuracy.iter().map(|(k, v)| (k.clone(), *v)).collect::<HashMap<_, _>>(),
-        });
-        println!("{}", serde_json::to_string_pretty(&value)?);
-        return Ok(());
-    }
-    let t = &report.totals;
-    println!(
-        "{} items, {} crashes: {} backups ({} entries, {} bytes), {} markers, {} commits, {} rejected",
-        t.items,
-        report.recoveries.len(),
-        t.backups,
-        t.backup_entries,
-        t.backup_bytes,
-        t.markers,
-        t.commits,
-        t.rejected
-    );
-    let per_item = |n: u64| n as f64 / t.items.max(1) as f64;
-    println!(
-        "changelog records per item: {:.4}; input waited for an acknowledgement {} times ({:.2}% of items)",
-        per_item(report.changelog_records),
-        t.stalls,
-        100.0 * per_item(t.stalls)
-    );
-    println!("\n recovery  crash@  resume@  k   observed error   proven bound");
-    for (i, r) in report.recoveries.iter().enumerate() {
-        let observed = r.observed.map_or("(crashed again)".to_string(), |o| format!("{o:.4}"));
-        println!(
-            " {:>8}  {:>6}  {:>7}  {:<2}  {:>15}  {:>13.4}",
-            i + 1,
-            r.crash_item_offset,
-            r.resume_offset,
-            r.failures,
-            observed,
-            r.bound
-        );
-    }
-    if bound_total.is_finite() {
-        println!("\nfinal state vs failure-free run: {drift:.4} (proven bound {bound_total:.4})");
-    } else {
-        println!("\nfinal weights vs failure-free run: {drift:.4} (SGD: the loss, not the weights, must come back)");
-    }
-    for (name, value) in &accuracy {
-        println!("  {name}: {value:.4}");
-    }
-    if report.violations.is_empty() {
-        println!("\nevery bound held");
-        Ok(())
-    } else {
-        Err(format!("bounds broken: {:?}", report.violations).into())
-    }
 }

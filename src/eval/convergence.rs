@@ -19,7 +19,7 @@ use serde::Serialize;
 use super::child::{logged_recoveries, Run};
 use super::experiment::{recovery_records, RecoveryRecord};
 use super::produce::{produce_from, Encoder, ProduceOptions, Workload, VECTOR_FEATURES};
-use crate::operators::{Consistency, DistributedSgdConfig, GlobalModel, SgdWorker};
+use crate::operators::{Consistency, DistributedSgdConfig, GlobalModel, LabeledVector, SgdWorker};
 use crate::service::codec::GlobalModelRecord;
 use crate::service::config::{self, Config, OperatorConfig};
 use crate::service::kafka::TopicReader;
@@ -145,8 +145,50 @@ pub fn run_convergence(options: &ConvergenceOptions) -> Result<ConvergenceReport
         .unwrap_or_default();
     let name = format!("{}-convergence-{stamp}", base.kafka.group_id);
     let input = format!("{name}-input");
-    // Keyed by their number, so that the partitions hold about as many each:
-    // under BSP every worker goes only as far as the smallest partition allows.
+    produce_vectors(base, options, &input)?;
+    let reader = TopicReader::new(&base.kafka, "convergence")?;
+    let last = publications(&reader, &input, options.partitions, sgd.publish_every)?;
+    let (held_out, _) = crate::workloads::separable_vectors(options.items + 2_000, VECTOR_FEATURES, 10, options.seed);
+    let convergence = Convergence {
+        options,
+        text,
+        name,
+        input,
+        names: (worker, averager),
+        sgd,
+        reader,
+        last,
+        held_out: &held_out[options.items..],
+    };
+    let configured = base.pipeline.fault_tolerance.theta;
+    let thetas = if options.thetas.is_empty() {
+        vec![configured]
+    } else {
+        options.thetas.clone()
+    };
+    let mut runs: Vec<ConvergenceRun> = Vec::new();
+    for &theta in &thetas {
+        for &consistency in &options.consistencies {
+            for failures in std::iter::once(0).chain(options.failures.iter().copied()) {
+                let mut label = format!("{consistency:?}, {failures} failures").to_lowercase();
+                if thetas.len() > 1 {
+                    label.push_str(&format!(", Θ={theta}"));
+                }
+                let run = convergence.run(label, (theta, consistency, failures), &runs)?;
+                runs.push(run);
+                let report = report_of(options, sgd.publish_every, runs);
+                write_report(&report, &options.dir)?;
+                runs = report.runs;
+            }
+        }
+    }
+    Ok(report_of(options, sgd.publish_every, runs))
+}
+
+/// The synthetic vectors, keyed by their number so that the partitions hold
+/// about as many each: under BSP every worker goes only as far as the
+/// smallest partition allows.
+fn produce_vectors(base: &Config, options: &ConvergenceOptions, input: &str) -> Result<(), ServiceError> {
     let encoder = Encoder::new(Workload::Vectors, base.pipeline.format, base.pipeline.avro.as_ref())
         .map_err(ServiceError::Unsupported)?;
     let records = encoder
@@ -160,134 +202,138 @@ pub fn run_convergence(options: &ConvergenceOptions) -> Result<ConvergenceReport
         });
     produce_from(
         &base.kafka,
-        &input,
+        input,
         options.partitions,
         records,
         &ProduceOptions::default(),
     )?;
-    let reader = TopicReader::new(&base.kafka, "convergence")?;
-    let mut counts = vec![0u64; options.partitions];
-    for (partition, count) in counts.iter_mut().enumerate() {
-        reader
-            .read_all(&input, partition as i32, |_| *count += 1)
-            .map_err(|e| ServiceError::Unsupported(format!("{input}: {e}")))?;
-    }
-    let last = counts.iter().min().copied().unwrap_or(0) / sgd.publish_every;
-    if last == 0 {
-        return Err(ServiceError::Unsupported(format!(
-            "a partition holds fewer than publish_every = {} items: produce more",
-            sgd.publish_every
-        )));
-    }
-    let (held_out, _) = crate::workloads::separable_vectors(options.items + 2_000, VECTOR_FEATURES, 10, options.seed);
-    let held_out = &held_out[options.items..];
-
-    let configured = base.pipeline.fault_tolerance.theta;
-    let thetas = if options.thetas.is_empty() {
-        vec![configured]
-    } else {
-        options.thetas.clone()
-    };
-    let mut plan = Vec::new();
-    for &theta in &thetas {
-        for &consistency in &options.consistencies {
-            for failures in std::iter::once(0).chain(options.failures.iter().copied()) {
-                plan.push((theta, consistency, failures));
-            }
-        }
-    }
-    let mut runs: Vec<ConvergenceRun> = Vec::new();
-    for (theta, consistency, failures) in plan {
-        {
-            let mut label = format!("{consistency:?}, {failures} failures").to_lowercase();
-            if thetas.len() > 1 {
-                label.push_str(&format!(", Θ={theta}"));
-            }
-            let group = format!("{name}-run{}", runs.len() + 1);
-            let path = options.dir.join(format!("{group}.toml"));
-            let names = (worker.as_str(), averager.as_str());
-            let run_settings = RunSettings {
-                consistency,
-                workers: options.partitions,
-                theta,
-            };
-            write_run_config(&text, &path, &group, &input, names, run_settings)?;
-            let run = LearnerRun {
-                path: &path,
-                group: &group,
-                dir: &options.dir,
-                workers: options.partitions as u64,
-                reader: &reader,
-            };
-            let started = std::time::SystemTime::now();
-            let Ran {
-                logs,
-                kills,
-                seconds,
-                outages,
-            } = run.run(failures, last, options.seed ^ runs.len() as u64)?;
-            let models = run.global_models()?;
-            let start_ms = started
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as i64)
-                .unwrap_or_default();
-            let curve: Vec<CurvePoint> = first_of_each_version(&models)
-                .map(|(at, g)| CurvePoint {
-                    seconds: (at - start_ms) as f64 / 1000.0,
-                    items: g.items,
-                    clock: g.clock,
-                    loss: g.loss,
-                    weights_l1: g.weights_l1,
-                })
-                .collect();
-            let final_loss = tail_mean(&curve);
-            // The failure-free run of the same consistency model and Θ (the first
-            // of its runs).
-            let reference = runs
-                .iter()
-                .find(|r| r.consistency == consistency && r.theta == theta && r.failures_injected == 0)
-                .map_or(final_loss, |r| r.final_loss);
-            let reached = first_reaching(&curve, reference);
-            let mut model = SgdWorker::new(sgd_with(sgd, consistency, options.partitions), 0)
-                .map_err(|e| ServiceError::Unsupported(e.to_string()))?;
-            if let Some((_, last_model)) = models.iter().max_by_key(|(_, g)| (g.clock, g.version)) {
-                model.take_in(last_model);
-            }
-            let (held_out_accuracy, held_out_log_loss) = model.model().evaluate(held_out);
-            let logged: Vec<_> = logs
-                .iter()
-                .filter_map(|log| std::fs::read_to_string(log).ok())
-                .flat_map(|text| logged_recoveries(&text))
-                .collect();
-            // A worker's state also follows the global models it takes in,
-            // which its input alone does not give: no exact state to hold a
-            // restored one against.
-            let recoveries = recovery_records(&logged, |_| None);
-            runs.push(ConvergenceRun {
-                label,
-                consistency,
-                theta,
-                failures_injected: kills,
-                recoveries,
-                seconds,
-                final_loss,
-                seconds_to_reference: reached.map(|p| p.seconds),
-                running_seconds_to_reference: reached.map(|p| p.seconds - down_before(&outages, p.seconds)),
-                outages,
-                items_to_reference: reached.map(|p| p.items),
-                curve,
-                held_out_accuracy,
-                held_out_log_loss,
-            });
-            let report = report_of(options, sgd.publish_every, runs);
-            write_report(&report, &options.dir)?;
-            runs = report.runs;
-        }
-    }
-    Ok(report_of(options, sgd.publish_every, runs))
+    Ok(())
 }
 
-/// The report of the runs so far, written (JSON, Markdown, plots) after each
+/// How many models every worker publishes: the smallest partition's items
+/// over `publish_every`.
+fn publications(reader: &TopicReader, input: &str, partitions: usize, publish_every: u64) -> Result<u64, ServiceError> {
+    let mut counts = vec![0u64; partitions];
+    for (partition, count) in counts.iter_mut().enumerate() {
+        reader
+            .read_all(input, partition as i32, |_| *count += 1)
+            .map_err(|e| ServiceError::Unsupported(format!("{input}: {e}")))?;
+    }
+    let last = counts.iter().min().copied().unwrap_or(0) / publish_every;
+    if last == 0 {
+        return Err(ServiceError::Unsupported(format!(
+            "a partition holds fewer than publish_every = {publish_every} items: produce more"
+        )));
+    }
+    Ok(last)
+}
+
+/// What every run of one convergence experiment shares.
+struct Convergence<'a> {
+    options: &'a ConvergenceOptions,
+    /// The config file's text, each run's config written from it.
+    text: String,
+    name: String,
+    input: String,
+    /// The worker's and the averager's pipeline names.
+    names: (String, String),
+    sgd: DistributedSgdConfig,
+    reader: TopicReader,
+    /// How many models every worker publishes.
+    last: u64,
+    held_out: &'a [LabeledVector],
+}
+
+impl Convergence<'_> {
+    /// One run at Θ, under a consistency model, with its failures; `earlier`
+    /// holds the failure-free run it is compared with, if it came first.
+    fn run(
+        &self,
+        label: String,
+        (theta, consistency, failures): (f64, Consistency, usize),
+        earlier: &[ConvergenceRun],
+    ) -> Result<ConvergenceRun, ServiceError> {
+        let options = self.options;
+        let group = format!("{}-run{}", self.name, earlier.len() + 1);
+        let path = options.dir.join(format!("{group}.toml"));
+        let names = (self.names.0.as_str(), self.names.1.as_str());
+        let run_settings = RunSettings {
+            consistency,
+            workers: options.partitions,
+            theta,
+        };
+        write_run_config(&self.text, &path, &group, &self.input, names, run_settings)?;
+        let run = LearnerRun {
+            path: &path,
+            group: &group,
+            dir: &options.dir,
+            workers: options.partitions as u64,
+            reader: &self.reader,
+        };
+        let started = std::time::SystemTime::now();
+        let Ran {
+            logs,
+            kills,
+            seconds,
+            outages,
+        } = run.run(failures, self.last, options.seed ^ earlier.len() as u64)?;
+        let models = run.global_models()?;
+        let start_ms = started
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or_default();
+        let curve: Vec<CurvePoint> = first_of_each_version(&models)
+            .map(|(at, g)| CurvePoint {
+                seconds: (at - start_ms) as f64 / 1000.0,
+                items: g.items,
+                clock: g.clock,
+                loss: g.loss,
+                weights_l1: g.weights_l1,
+            })
+            .collect();
+        let final_loss = tail_mean(&curve);
+        // The failure-free run of the same consistency model and Θ (the first
+        // of its runs).
+        let reference = earlier
+            .iter()
+            .find(|r| r.consistency == consistency && r.theta == theta && r.failures_injected == 0)
+            .map_or(final_loss, |r| r.final_loss);
+        let reached = first_reaching(&curve, reference);
+        let mut model = SgdWorker::new(sgd_with(self.sgd, consistency, options.partitions), 0)
+            .map_err(|e| ServiceError::Unsupported(e.to_string()))?;
+        if let Some((_, last_model)) = models.iter().max_by_key(|(_, g)| (g.clock, g.version)) {
+            model.take_in(last_model);
+        }
+        let (held_out_accuracy, held_out_log_loss) = model.model().evaluate(self.held_out);
+        let logged: Vec<_> = logs
+            .iter()
+            .filter_map(|log| std::fs::read_to_string(log).ok())
+            .flat_map(|text| logged_recoveries(&text))
+            .collect();
+        // A worker's state also follows the global models it takes in,
+        // which its input alone does not give: no exact state to hold a
+        // restored one against.
+        let recoveries = recovery_records(&logged, |_| None);
+        Ok(ConvergenceRun {
+            label,
+            consistency,
+            theta,
+            failures_injected: kills,
+            recoveries,
+            seconds,
+            final_loss,
+            seconds_to_reference: reached.map(|p| p.seconds),
+            running_seconds_to_reference: reached.map(|p| p.seconds - down_before(&outages, p.seconds)),
+            outages,
+            items_to_reference: reached.map(|p| p.items),
+            curve,
+            held_out_accuracy,
+            held_out_log_loss,
+        })
+    }
+}
+
+/// The report of the runs so far, written (JSON and Markdown) after each
 /// run: a long experiment that fails later keeps what it measured.
 fn report_of(options: &ConvergenceOptions, publish_every: u64, runs: Vec<ConvergenceRun>) -> ConvergenceReport {
     ConvergenceReport {

@@ -196,6 +196,16 @@ pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError
             trim(&format!("{:.6}", ft.theta / share))
         );
     }
+    write_mode(&mut out, config, &plan);
+    if let Some(warning) = plan.warning() {
+        let _ = writeln!(out, "warning: {warning}");
+    }
+    Ok(out)
+}
+
+/// What a failure costs in the config's mode, and per failure count.
+fn write_mode(out: &mut String, config: &Config, plan: &TaskPlan) {
+    let ft = &config.pipeline.fault_tolerance;
     match ft.mode() {
         Mode::None => {
             let _ = writeln!(
@@ -227,7 +237,7 @@ pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError
             );
             for k in 0..=FAILURES_SHOWN {
                 let bound = plan.policy.bound_after(k, plan.constants);
-                row(&mut out, &k.to_string(), plan.policy.for_failures(k), Some(bound));
+                row(out, &k.to_string(), plan.policy.for_failures(k), Some(bound));
             }
             match ft.policy {
                 PolicyName::Halving => {
@@ -251,10 +261,6 @@ pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError
             }
         }
     }
-    if let Some(warning) = plan.warning() {
-        let _ = writeln!(out, "warning: {warning}");
-    }
-    Ok(out)
 }
 
 /// The end-to-end bound of a chain on `partitions` partitions per stage, after

@@ -318,82 +318,174 @@ pub fn simulate_cluster(
     partitions: &[Vec<LabeledVector>],
     options: &ClusterOptions,
 ) -> Result<ClusterReport, CoreError> {
-    if partitions.len() != sgd.workers as usize {
-        return Err(CoreError::parameter(
-            "partitions",
-            partitions.len(),
-            format!("one per worker ({} configured)", sgd.workers),
-        ));
-    }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(options.seed);
-    let mut workers = Vec::new();
-    for worker in 0..sgd.workers {
-        workers.push(Node::start(
-            ClusterTask::Worker(worker),
-            worker_config,
-            SgdWorker::new(sgd, worker)?,
-            options,
-            rng.gen(),
-        )?);
-    }
-    let mut averager = Node::start(
-        ClusterTask::Averager,
-        averager_config,
-        ModelAverager::new(sgd)?,
-        options,
-        rng.gen(),
-    )?;
-    let mut models: Vec<LocalModel> = Vec::new();
-    let mut feedback: Vec<GlobalModel> = Vec::new();
-    let mut crashes: VecDeque<ClusterCrash> = options.crashes.iter().cloned().collect();
-    let mut report = ClusterReport::default();
-    let mut step = 0;
+    let mut cluster = Cluster::start(sgd, (worker_config, averager_config), partitions, options)?;
     let mut idle_steps = 0;
     loop {
-        step += 1;
-        let mut progress = false;
-        for worker in &mut workers {
-            progress |= worker.deliver(step, false);
-            models.extend(worker.broker.sink.drain(..).map(|(_, model)| model));
+        cluster.step += 1;
+        let mut progress = cluster.deliver();
+        if cluster.crash_due()? {
+            continue;
         }
-        progress |= averager.deliver(step, false);
-        for (_, global) in averager.broker.sink.drain(..) {
-            report.convergence.push(ConvergencePoint {
+        progress |= cluster.take_input()?;
+        if cluster.drained() && cluster.crashes.is_empty() {
+            break;
+        }
+        if progress {
+            idle_steps = 0;
+            continue;
+        }
+        // Time jumps ahead while every task waits.
+        if !cluster.deliver_waiting() {
+            idle_steps += 1;
+            if idle_steps > 2 {
+                if let Some(crash) = cluster.crashes.front_mut() {
+                    // Crashes still to come after the last item: they happen now.
+                    crash.after_items = 0;
+                    continue;
+                }
+                cluster.report_stall();
+                break;
+            }
+        }
+    }
+    cluster.stop();
+    Ok(cluster.finish())
+}
+
+/// The cluster's tasks and topics as a run goes.
+struct Cluster<'a> {
+    sgd: DistributedSgdConfig,
+    partitions: &'a [Vec<LabeledVector>],
+    options: &'a ClusterOptions,
+    rng: rand::rngs::StdRng,
+    workers: Vec<Node<SgdWorker>>,
+    averager: Node<ModelAverager>,
+    /// The model topic: the workers' local models, the averager's input.
+    models: Vec<LocalModel>,
+    /// The feedback topic: the averager's global models.
+    feedback: Vec<GlobalModel>,
+    crashes: VecDeque<ClusterCrash>,
+    report: ClusterReport,
+    step: u64,
+}
+
+impl<'a> Cluster<'a> {
+    fn start(
+        sgd: DistributedSgdConfig,
+        (worker_config, averager_config): (ControllerConfig, ControllerConfig),
+        partitions: &'a [Vec<LabeledVector>],
+        options: &'a ClusterOptions,
+    ) -> Result<Self, CoreError> {
+        if partitions.len() != sgd.workers as usize {
+            return Err(CoreError::parameter(
+                "partitions",
+                partitions.len(),
+                format!("one per worker ({} configured)", sgd.workers),
+            ));
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(options.seed);
+        let mut workers = Vec::new();
+        for worker in 0..sgd.workers {
+            workers.push(Node::start(
+                ClusterTask::Worker(worker),
+                worker_config,
+                SgdWorker::new(sgd, worker)?,
+                options,
+                rng.gen(),
+            )?);
+        }
+        let averager = Node::start(
+            ClusterTask::Averager,
+            averager_config,
+            ModelAverager::new(sgd)?,
+            options,
+            rng.gen(),
+        )?;
+        Ok(Cluster {
+            sgd,
+            partitions,
+            options,
+            rng,
+            workers,
+            averager,
+            models: Vec::new(),
+            feedback: Vec::new(),
+            crashes: options.crashes.iter().cloned().collect(),
+            report: ClusterReport::default(),
+            step: 0,
+        })
+    }
+
+    /// Acknowledgements due this step; what the tasks sent goes to its topic.
+    fn deliver(&mut self) -> bool {
+        let step = self.step;
+        let mut progress = false;
+        for worker in &mut self.workers {
+            progress |= worker.deliver(step, false);
+            self.models.extend(worker.broker.sink.drain(..).map(|(_, model)| model));
+        }
+        progress |= self.averager.deliver(step, false);
+        for (_, global) in self.averager.broker.sink.drain(..) {
+            self.report.convergence.push(ConvergencePoint {
                 step,
                 items: global.items,
                 clock: global.clock,
                 loss: global.loss,
                 weights_l1: global.weights_l1,
             });
-            feedback.push(global);
+            self.feedback.push(global);
         }
+        progress
+    }
 
-        let items: u64 = workers.iter().map(|w| w.stats().items).sum();
-        if crashes.front().is_some_and(|c| items >= c.after_items) {
-            if let Some(crash) = crashes.pop_front() {
-                for task in crash.tasks {
-                    match task {
-                        ClusterTask::Worker(k) => {
-                            let node = workers.get_mut(k as usize).ok_or_else(|| {
-                                CoreError::parameter("crash", k, format!("a worker below {}", sgd.workers))
-                            })?;
-                            node.crash(SgdWorker::new(sgd, k)?, &mut report)?;
-                            models.extend(node.broker.sink.drain(..).map(|(_, model)| model));
-                            // The restarted worker reads the feedback topic's latest record.
-                            node.feedback = feedback.len().saturating_sub(1);
-                        }
-                        ClusterTask::Averager => {
-                            averager.crash(ModelAverager::new(sgd)?, &mut report)?;
-                            feedback.extend(averager.broker.sink.drain(..).map(|(_, g)| g));
-                        }
-                    }
+    /// Every acknowledgement in flight, at once: time jumps ahead.
+    fn deliver_waiting(&mut self) -> bool {
+        let mut forced = false;
+        for worker in &mut self.workers {
+            forced |= worker.deliver(self.step, true);
+        }
+        forced | self.averager.deliver(self.step, true)
+    }
+
+    /// Makes the next crash if the workers have trained on enough items.
+    fn crash_due(&mut self) -> Result<bool, CoreError> {
+        let items: u64 = self.workers.iter().map(|w| w.stats().items).sum();
+        if self.crashes.front().is_none_or(|c| items < c.after_items) {
+            return Ok(false);
+        }
+        let Some(crash) = self.crashes.pop_front() else {
+            return Ok(false);
+        };
+        let sgd = self.sgd;
+        for task in crash.tasks {
+            match task {
+                ClusterTask::Worker(k) => {
+                    let node = self
+                        .workers
+                        .get_mut(k as usize)
+                        .ok_or_else(|| CoreError::parameter("crash", k, format!("a worker below {}", sgd.workers)))?;
+                    node.crash(SgdWorker::new(sgd, k)?, &mut self.report)?;
+                    self.models.extend(node.broker.sink.drain(..).map(|(_, model)| model));
+                    // The restarted worker reads the feedback topic's latest record.
+                    node.feedback = self.feedback.len().saturating_sub(1);
+                }
+                ClusterTask::Averager => {
+                    self.averager.crash(ModelAverager::new(sgd)?, &mut self.report)?;
+                    self.feedback
+                        .extend(self.averager.broker.sink.drain(..).map(|(_, g)| g));
                 }
             }
-            continue;
         }
+        Ok(true)
+    }
 
-        for worker in &mut workers {
-            while let Some(global) = feedback.get(worker.feedback) {
+    /// Each worker takes in the global models it has not seen, then a batch
+    /// of its partition; the averager a batch of the model topic.
+    fn take_input(&mut self) -> Result<bool, CoreError> {
+        let mut progress = false;
+        let max_batch = self.options.max_batch.max(1);
+        for worker in &mut self.workers {
+            while let Some(global) = self.feedback.get(worker.feedback) {
                 worker.feedback += 1;
                 let moved = worker.driver.side_input(|w| w.adopt(global), &mut worker.broker);
                 let offset = worker.driver.controller().processed().offset;
@@ -403,87 +495,73 @@ pub fn simulate_cluster(
                 }
                 progress = true;
             }
-            let batch = rng.gen_range(1..=options.max_batch.max(1));
-            let partition = &partitions[worker.worker_index()];
-            progress |= worker.take(partition, batch, &mut report)? > 0;
+            let batch = self.rng.gen_range(1..=max_batch);
+            let partition = &self.partitions[worker.worker_index()];
+            progress |= worker.take(partition, batch, &mut self.report)? > 0;
         }
-        let batch = rng.gen_range(1..=options.max_batch.max(1));
-        progress |= averager.take(&models, batch, &mut report)? > 0;
+        let batch = self.rng.gen_range(1..=max_batch);
+        progress |= self.averager.take(&self.models, batch, &mut self.report)? > 0;
+        Ok(progress)
+    }
 
-        let drained = workers
+    /// Every item trained on, every model averaged and fed back, nothing in flight.
+    fn drained(&self) -> bool {
+        self.workers
             .iter()
-            .all(|w| w.next_offset as usize >= partitions[w.worker_index()].len() && w.broker.idle())
-            && averager.next_offset as usize >= models.len()
-            && averager.broker.idle()
-            && workers.iter().all(|w| w.feedback >= feedback.len());
-        if drained && crashes.is_empty() {
-            break;
+            .all(|w| w.next_offset as usize >= self.partitions[w.worker_index()].len() && w.broker.idle())
+            && self.averager.next_offset as usize >= self.models.len()
+            && self.averager.broker.idle()
+            && self.workers.iter().all(|w| w.feedback >= self.feedback.len())
+    }
+
+    fn report_stall(&mut self) {
+        let waiting: Vec<String> = self
+            .workers
+            .iter()
+            .filter(|w| (w.next_offset as usize) < self.partitions[w.worker_index()].len())
+            .map(|w| {
+                format!(
+                    "worker {} at offset {} (iteration {}, clock {})",
+                    w.worker_index(),
+                    w.next_offset,
+                    w.driver.operator().iteration(),
+                    w.driver.operator().clock()
+                )
+            })
+            .collect();
+        self.report
+            .violations
+            .push(format!("the cluster stalled: {}", waiting.join("; ")));
+    }
+
+    /// A clean stop of every task.
+    fn stop(&mut self) {
+        for worker in &mut self.workers {
+            worker.driver.begin_stop(&mut worker.broker);
         }
-        if progress {
-            idle_steps = 0;
-            continue;
-        }
-        // Time jumps ahead while every task waits.
-        let mut forced = false;
-        for worker in &mut workers {
-            forced |= worker.deliver(step, true);
-        }
-        forced |= averager.deliver(step, true);
-        if !forced {
-            idle_steps += 1;
-            if idle_steps > 2 {
-                if !crashes.is_empty() {
-                    // Crashes still to come after the last item: they happen now.
-                    if let Some(crash) = crashes.front_mut() {
-                        crash.after_items = 0;
-                    }
-                    continue;
-                }
-                let waiting: Vec<String> = workers
-                    .iter()
-                    .filter(|w| (w.next_offset as usize) < partitions[w.worker_index()].len())
-                    .map(|w| {
-                        format!(
-                            "worker {} at offset {} (iteration {}, clock {})",
-                            w.worker_index(),
-                            w.next_offset,
-                            w.driver.operator().iteration(),
-                            w.driver.operator().clock()
-                        )
-                    })
-                    .collect();
-                report
-                    .violations
-                    .push(format!("the cluster stalled: {}", waiting.join("; ")));
+        self.averager.driver.begin_stop(&mut self.averager.broker);
+        let stopped = |c: &Self| c.workers.iter().all(|w| w.driver.is_stopped()) && c.averager.driver.is_stopped();
+        for _ in 0..10_000 {
+            if stopped(self) {
                 break;
             }
+            self.step += 1;
+            self.deliver_waiting();
+        }
+        if !stopped(self) {
+            self.report.violations.push("the clean stop never finished".to_string());
         }
     }
-    // A clean stop of every task.
-    for worker in &mut workers {
-        worker.driver.begin_stop(&mut worker.broker);
-    }
-    averager.driver.begin_stop(&mut averager.broker);
-    for _ in 0..10_000 {
-        if workers.iter().all(|w| w.driver.is_stopped()) && averager.driver.is_stopped() {
-            break;
+
+    fn finish(mut self) -> ClusterReport {
+        for worker in &self.workers {
+            add_stats(&mut self.report.worker_stats, worker.stats());
         }
-        step += 1;
-        for worker in &mut workers {
-            worker.deliver(step, true);
-        }
-        averager.deliver(step, true);
+        self.report.averager_stats = self.averager.stats();
+        self.report.steps = self.step;
+        self.report.final_model = Some(self.averager.driver.operator().global());
+        self.report
     }
-    if !(workers.iter().all(|w| w.driver.is_stopped()) && averager.driver.is_stopped()) {
-        report.violations.push("the clean stop never finished".to_string());
-    }
-    for worker in &workers {
-        add_stats(&mut report.worker_stats, worker.stats());
-    }
-    report.averager_stats = averager.stats();
-    report.steps = step;
-    report.final_model = Some(averager.driver.operator().global());
-    Ok(report)
 }
 
 impl Node<SgdWorker> {

@@ -108,6 +108,8 @@ impl ManagedTask<FakeProducers> for FakeTask {
 }
 
 const DEADLINE: Duration = Duration::from_millis(1_000);
+/// When `manager_with` assigns its tasks.
+const FIRST_ASSIGNMENT_MS: u64 = 3;
 
 fn marker(incarnation: u16, seq: u64) -> Delivery {
     Delivery::Marker {
@@ -119,7 +121,7 @@ fn marker(incarnation: u16, seq: u64) -> Delivery {
 fn manager_with(env: &FakeProducers, tasks: impl IntoIterator<Item = FakeTask>) -> TaskManager<FakeTask> {
     let mut manager = TaskManager::new(DEADLINE);
     for task in tasks {
-        manager.assigned(env, task, 0);
+        manager.assigned(env, task, FIRST_ASSIGNMENT_MS);
     }
     manager
 }
@@ -134,8 +136,10 @@ fn received(manager: &mut TaskManager<FakeTask>, partition: i32) -> Vec<Delivery
 #[test]
 fn a_late_report_of_a_revoked_task_does_not_reach_its_partitions_next_task() {
     let env = FakeProducers::default();
-    let mut manager = manager_with(&env, [task(4, 1)]);
+    let mut manager = manager_with(&env, [task(4, 1), task(5, 3)]);
     manager.revoked(&[4]);
+    assert!(manager.task_mut(4).is_none(), "a revoked task is gone");
+    assert_eq!(manager.active_mut().map(|t| t.partition).collect::<Vec<_>>(), vec![5]);
     manager.assigned(&env, task(4, 2), 10);
     // The old run's marker 1 reports after the new run sent its own marker 1.
     env.report(marker(1, 1));
@@ -310,7 +314,11 @@ fn the_run_is_at_its_end_only_with_every_partition_here_and_taken() {
     assert!(!manager.all_at_end(3), "a partition is elsewhere");
     manager.assigned(&env, task(2, 3), 5);
     assert!(!manager.all_at_end(3));
-    assert_eq!(manager.first_assignment_ms(), Some(0));
+    assert_eq!(
+        manager.first_assignment_ms(),
+        Some(FIRST_ASSIGNMENT_MS),
+        "the first, not the last"
+    );
 }
 
 #[test]

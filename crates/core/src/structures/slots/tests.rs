@@ -1,0 +1,274 @@
+//! Tests of `slots`.
+
+use super::*;
+
+#[test]
+fn length_and_emptiness() {
+    assert!(DriftSlots::new(Norm::L1, 0).is_empty());
+    let mut slots = DriftSlots::new(Norm::L1, 2);
+    assert!(!slots.is_empty());
+    slots.push();
+    assert_eq!(slots.len(), 3);
+}
+
+fn indices(values: &[Written]) -> Vec<u32> {
+    let mut indices: Vec<u32> = values.iter().map(|w| w.index).collect();
+    indices.sort_unstable();
+    indices
+}
+
+fn pairs(values: &[Written]) -> Vec<(u32, f64)> {
+    values.iter().map(|w| (w.index, w.value)).collect()
+}
+
+#[test]
+fn a_backup_names_what_the_last_backup_held_as_each_slots_prior() {
+    let mut slots = DriftSlots::new(Norm::L1, 2);
+    slots.set(0, 3.0);
+    let first = slots.backup(1, BackupScope::Drifted).to_vec();
+    assert_eq!(
+        first,
+        vec![Written {
+            index: 0,
+            value: 3.0,
+            prior: None
+        }],
+        "no backup held it"
+    );
+    slots.set(0, 5.0);
+    slots.set(1, 1.0);
+    let mut second = slots.backup(2, BackupScope::Drifted).to_vec();
+    second.sort_by_key(|w| w.index);
+    assert_eq!(
+        second,
+        vec![
+            Written {
+                index: 0,
+                value: 5.0,
+                prior: Some(3.0)
+            },
+            Written {
+                index: 1,
+                value: 1.0,
+                prior: None
+            }
+        ]
+    );
+    slots.restore(1, 7.0);
+    slots.set(1, 8.0);
+    assert_eq!(
+        slots.backup(3, BackupScope::Drifted)[0].prior,
+        Some(7.0),
+        "a restored slot is held"
+    );
+}
+
+#[test]
+fn a_failed_max_norm_write_is_owed_even_once_back_within_theta() {
+    let mut slots = DriftSlots::new(Norm::Max, 3);
+    slots.set_theta(5.0);
+    slots.set(0, 10.0);
+    assert_eq!(pairs(slots.backup(1, BackupScope::Drifted)), vec![(0, 10.0)]);
+    slots.fail(1);
+    // Back at the baseline: its drift is 0, but the store may hold 10.
+    slots.set(0, 0.0);
+    assert_eq!(pairs(slots.backup(2, BackupScope::Drifted)), vec![(0, 0.0)]);
+    slots.fail(2);
+    assert_eq!(
+        pairs(slots.backup(3, BackupScope::Complete)),
+        vec![(0, 0.0)],
+        "a complete backup owes it too"
+    );
+    slots.acknowledge(3);
+    assert!(
+        slots.backup(4, BackupScope::Complete).is_empty(),
+        "paid once acknowledged"
+    );
+}
+
+#[test]
+fn a_max_norm_backup_writes_every_slot_over_half_theta() {
+    let mut slots = DriftSlots::new(Norm::Max, 4);
+    slots.set_theta(10.0);
+    slots.set(0, 6.0);
+    slots.set(1, 4.0);
+    slots.set(2, 11.0);
+    assert_eq!(slots.divergence(), 11.0);
+    assert_eq!(indices(slots.backup(1, BackupScope::Drifted)), vec![0, 2]);
+    slots.acknowledge(1);
+    assert!(slots.divergence() <= 5.0, "every drift left is at most θ/2");
+    // Growing counters keep the maximum exact without a rescan.
+    slots.add(1, 2.0);
+    slots.add(3, 7.0);
+    slots.add(3, 1.0);
+    assert_eq!(slots.divergence(), 8.0);
+    slots.add(3, -8.0);
+    assert_eq!(slots.divergence(), 6.0, "the slot that held the maximum shrank");
+    slots.add(3, 12.0);
+    assert_eq!(slots.divergence(), 12.0);
+    assert_eq!(indices(slots.backup(2, BackupScope::Drifted)), vec![1, 3]);
+}
+
+#[test]
+fn a_drift_of_exactly_half_theta_is_not_written() {
+    let mut slots = DriftSlots::new(Norm::Max, 2);
+    slots.set_theta(10.0);
+    slots.set(0, 5.0);
+    slots.set(1, 5.5);
+    assert_eq!(indices(slots.backup(1, BackupScope::Drifted)), vec![1], "over θ/2 only");
+    slots.acknowledge(1);
+    slots.set_theta(10.0);
+    assert!(slots.backup(2, BackupScope::Drifted).is_empty(), "nor after a rescan");
+    slots.set(0, 8.0);
+    slots.set(0, 5.0);
+    assert!(
+        slots.backup(3, BackupScope::Drifted).is_empty(),
+        "nor once a drift over θ/2 shrinks back to it"
+    );
+    slots.set(0, 8.0);
+    assert_eq!(indices(slots.backup(4, BackupScope::Drifted)), vec![0]);
+    slots.set(0, 13.0);
+    slots.acknowledge(4);
+    assert!(
+        slots.backup(5, BackupScope::Drifted).is_empty(),
+        "nor when an acknowledgement leaves it at θ/2"
+    );
+}
+
+#[test]
+fn a_rescan_measures_drift_from_the_acknowledged_value() {
+    let mut slots = DriftSlots::new(Norm::Max, 1);
+    slots.set_theta(100.0);
+    slots.set(0, 10.0);
+    assert_eq!(indices(slots.backup(1, BackupScope::Complete)), vec![0]);
+    slots.acknowledge(1);
+    slots.set(0, 11.0);
+    slots.set_theta(4.0);
+    assert!(
+        slots.backup(2, BackupScope::Drifted).is_empty(),
+        "a drift of 1 is under θ/2 = 2"
+    );
+}
+
+#[test]
+fn an_acknowledged_complete_backup_resets_the_max_norm_bound() {
+    let mut slots = DriftSlots::new(Norm::Max, 2);
+    slots.set_theta(10.0);
+    slots.set(0, 3.0);
+    assert_eq!(slots.divergence(), 3.0);
+    assert_eq!(indices(slots.backup(1, BackupScope::Complete)), vec![0]);
+    slots.acknowledge(1);
+    assert_eq!(slots.divergence(), 0.0, "the state equals its backup");
+}
+
+#[test]
+fn a_restore_takes_back_the_slots_own_drift() {
+    for norm in [Norm::L1, Norm::L2] {
+        let mut slots = DriftSlots::new(norm, 2);
+        slots.set(0, 10.0);
+        slots.backup(1, BackupScope::Drifted);
+        slots.acknowledge(1);
+        slots.set(0, 13.0);
+        slots.set(1, 4.0);
+        slots.restore(0, 3.0);
+        assert_eq!(slots.divergence(), 4.0, "{norm:?}: only slot 1 drifts, by 4");
+    }
+}
+
+#[test]
+fn a_restored_max_norm_slot_is_no_longer_over_theta() {
+    let mut slots = DriftSlots::new(Norm::Max, 3);
+    slots.set_theta(10.0);
+    slots.set(0, 8.0);
+    slots.set(1, 9.0);
+    slots.restore(0, 8.0);
+    assert_eq!(
+        indices(slots.backup(1, BackupScope::Drifted)),
+        vec![1],
+        "the restored slot equals its backup; the other is still over θ/2"
+    );
+}
+
+#[test]
+fn a_slot_restored_after_it_was_listed_is_not_written() {
+    let mut slots = DriftSlots::new(Norm::KeyCount, 0);
+    let index = slots.push();
+    slots.restore(index, 5.0);
+    assert_eq!(slots.divergence(), 0.0);
+    assert!(slots.backup(1, BackupScope::Drifted).is_empty());
+}
+
+#[test]
+fn a_new_theta_rescans_which_max_norm_slots_are_over_it() {
+    let mut slots = DriftSlots::new(Norm::Max, 3);
+    slots.set_theta(100.0);
+    slots.set(1, 10.0);
+    slots.set(2, -3.0);
+    assert!(slots.backup(1, BackupScope::Drifted).is_empty());
+    slots.acknowledge(1);
+    slots.set_theta(5.0);
+    assert_eq!(slots.divergence(), 10.0, "exact once over θ");
+    assert_eq!(
+        indices(slots.backup(2, BackupScope::Drifted)),
+        vec![1, 2],
+        "a drifted backup writes every slot over θ/2 (3 > 2.5), not only those over θ"
+    );
+    slots.fail(2);
+    slots.set_theta(2.0);
+    assert_eq!(indices(slots.backup(3, BackupScope::Drifted)), vec![1, 2]);
+    slots.acknowledge(3);
+    assert!(
+        slots.divergence() <= 2.0,
+        "below θ it is an upper bound that never exceeds θ"
+    );
+    slots.set_theta(50.0);
+    slots.set(2, 7.0);
+    assert!(slots.divergence() <= 50.0);
+    assert!(slots.backup(4, BackupScope::Drifted).is_empty());
+    assert_eq!(indices(slots.backup(5, BackupScope::Complete)), vec![2]);
+}
+
+#[test]
+fn an_owed_only_backup_writes_what_a_failed_write_left_and_leaves_the_drift() {
+    for norm in [Norm::L1, Norm::L2] {
+        let mut slots = DriftSlots::new(norm, 3);
+        slots.set(0, 100.0);
+        assert_eq!(indices(slots.backup(1, BackupScope::Drifted)), vec![0]);
+        slots.fail(1);
+        // Back at the baseline: no drift, but the log may hold 100.
+        slots.set(0, 0.0);
+        slots.set(1, 5.0);
+        assert_eq!(
+            pairs(slots.backup(2, BackupScope::Owed)),
+            vec![(0, 0.0)],
+            "{norm:?}: the owed slot only, at its live value"
+        );
+        slots.acknowledge(2);
+        assert!(slots.divergence() > 0.0, "{norm:?}: slot 1's drift is left");
+        assert!(slots.backup(3, BackupScope::Owed).is_empty(), "{norm:?}: paid once");
+        assert_eq!(
+            indices(slots.backup(4, BackupScope::Drifted)),
+            vec![1],
+            "{norm:?}: a drifted backup writes the drift, not the paid slot again"
+        );
+        slots.acknowledge(4);
+        assert_eq!(slots.divergence(), 0.0, "{norm:?}");
+    }
+}
+
+#[test]
+fn an_owed_only_backup_under_memory_pressure_writes_the_drift() {
+    let mut slots = DriftSlots::new(Norm::L1, 2);
+    slots.set(1, 5.0);
+    slots.set_pressure(true);
+    assert_eq!(indices(slots.backup(1, BackupScope::Owed)), vec![1]);
+}
+
+#[test]
+fn a_max_norm_owed_only_backup_writes_the_slots_over_half_theta() {
+    let mut slots = DriftSlots::new(Norm::Max, 3);
+    slots.set_theta(10.0);
+    slots.set(0, 6.0);
+    slots.set(1, 2.0);
+    assert_eq!(indices(slots.backup(1, BackupScope::Owed)), vec![0]);
+}
