@@ -351,7 +351,8 @@ impl<T> TaskManager<T> {
     }
 
     /// Ends the handoff: the last reports delivered, its tasks gone. The
-    /// caller then commits and releases the partitions.
+    /// caller then commits and releases the partitions. The partitions whose
+    /// tasks had not stopped cleanly (their next owner counts a failure).
     pub(super) fn finish_handoff<E: Producers + ?Sized>(&mut self, env: &E, now_ms: u64) -> Vec<i32>
     where
         T: ManagedTask<E>,
@@ -361,22 +362,26 @@ impl<T> TaskManager<T> {
         };
         env.flush();
         self.deliver(env, now_ms);
-        for partition in &handoff.partitions {
-            match self.active.remove(partition) {
+        let mut unfinished = Vec::new();
+        for partition in handoff.partitions {
+            match self.active.remove(&partition) {
                 Some(task) if task.is_stopped() => tracing::info!(
                     partition,
                     "partition handed off: its final backup and clean marker are in the changelog"
                 ),
-                Some(_) => tracing::warn!(
-                    partition,
-                    "partition handed off before its final backup was acknowledged (within {:?}): its next owner \
-                     recovers from the last marker and counts a failure",
-                    self.stop_deadline
-                ),
+                Some(_) => {
+                    tracing::warn!(
+                        partition,
+                        "partition handed off before its final backup was acknowledged (within {:?}): its next \
+                         owner recovers from the last marker and counts a failure",
+                        self.stop_deadline
+                    );
+                    unfinished.push(partition);
+                }
                 None => {}
             }
         }
-        handoff.partitions
+        unfinished
     }
 
     /// One round of work: every task steps, the reports are delivered, what

@@ -225,7 +225,11 @@ fn a_handoff_waits_for_its_tasks_final_backups_then_ends_only_them() {
     env.report(marker(2, 9));
     manager.round(&env, 400);
     assert!(manager.handoff_due(400));
-    assert_eq!(manager.finish_handoff(&env, 400), vec![0, 1]);
+    assert_eq!(
+        manager.finish_handoff(&env, 400),
+        Vec::<i32>::new(),
+        "both stopped cleanly"
+    );
     assert_eq!(*env.flushes.borrow(), 1, "flushed before the release");
     assert!(!manager.is_handing_off());
     assert_eq!(manager.active().map(|t| t.partition).collect::<Vec<_>>(), vec![2]);
@@ -241,7 +245,11 @@ fn a_handoff_is_released_at_its_deadline_with_a_task_that_did_not_stop() {
     let deadline = 100 + DEADLINE.as_millis() as u64;
     assert!(!manager.handoff_due(deadline));
     assert!(manager.handoff_due(deadline + 1));
-    assert_eq!(manager.finish_handoff(&env, deadline + 1), vec![0, 7]);
+    assert_eq!(
+        manager.finish_handoff(&env, deadline + 1),
+        vec![0],
+        "partition 7 had no task here"
+    );
     assert!(manager.task_mut(0).is_none());
 }
 
@@ -336,4 +344,18 @@ fn input_awaits_while_a_task_waits_on_an_acknowledgement() {
     });
     manager.round(&env, 1);
     assert!(!manager.awaiting());
+}
+
+#[test]
+fn a_round_says_whether_anything_happened() {
+    let env = FakeProducers::default();
+    let mut manager = manager_with(&env, [task(0, 1)]);
+    assert!(manager.round(&env, 1), "a running task steps");
+    manager.stop(&env, 2);
+    assert!(
+        !manager.round(&env, 3),
+        "a stopping task with nothing reported does nothing"
+    );
+    env.report(marker(1, 1));
+    assert!(manager.round(&env, 4), "a report arrived");
 }
