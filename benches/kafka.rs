@@ -38,7 +38,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use afstream::eval::produce::{produce, Encoder, Workload};
+use afstream::eval::produce::{produce, Encoder};
 use afstream::operators::Consistency;
 use afstream::service::clients::assigned_reader;
 use afstream::service::config::{self, Config, ModeName, OperatorConfig};
@@ -440,7 +440,7 @@ fn main() {
         }
         let pipeline = &config.pipeline;
         let encoder = Encoder::new(
-            Workload::for_operator(&pipeline.operator),
+            afstream::eval::exact::producer_workload(&pipeline.operator),
             pipeline.format,
             pipeline.avro.as_ref(),
         )

@@ -141,7 +141,7 @@ where
 struct Simulated {
     report: SimulationReport,
     /// The final state's distance from a failure-free run's.
-    drift: f64,
+    final_error: f64,
     /// The sum of the recoveries' proven bounds (NaN where the state need
     /// not come back: SGD's weights).
     bound_total: f64,
@@ -151,7 +151,7 @@ struct Simulated {
 impl Simulated {
     fn of<O: Operator>(outcome: Outcome<O>, bound_total: f64, accuracy: Vec<(String, f64)>) -> Self {
         Simulated {
-            drift: outcome.failed.distance(&outcome.clean),
+            final_error: outcome.failed.distance(&outcome.clean),
             report: outcome.report,
             bound_total,
             accuracy,
@@ -169,7 +169,7 @@ pub fn run_simulation(args: &SimulateArgs) -> Result<(), Box<dyn std::error::Err
     if args.json {
         let value = serde_json::json!({
             "report": simulated.report,
-            "final_drift_from_failure_free": simulated.drift,
+            "final_error_from_failure_free": simulated.final_error,
             "proven_bound": simulated.bound_total.is_finite().then_some(simulated.bound_total),
             "accuracy": simulated.accuracy.iter().map(|(k, v)| (k.clone(), *v)).collect::<HashMap<_, _>>(),
         });
@@ -248,8 +248,8 @@ fn word_count(args: &SimulateArgs) -> Result<Simulated, CoreError> {
     let build = move || WordCount::new(config).expect("validated config");
     let outcome = run_both(&build, args, args.theta.unwrap_or(1e4), &stream)?;
     let total: f64 = outcome.clean.iter().map(|(_, v)| v).sum();
-    let drift = outcome.failed.distance(&outcome.clean);
-    let accuracy = vec![("L1 error / total words".to_string(), drift / total.max(1.0))];
+    let final_error = outcome.failed.distance(&outcome.clean);
+    let accuracy = vec![("L1 error / total words".to_string(), final_error / total.max(1.0))];
     let bound_total = outcome.bound_total;
     Ok(Simulated::of(outcome, bound_total, accuracy))
 }
@@ -257,7 +257,7 @@ fn word_count(args: &SimulateArgs) -> Result<Simulated, CoreError> {
 fn print_simulation(simulated: &Simulated) {
     let Simulated {
         report,
-        drift,
+        final_error,
         bound_total,
         accuracy,
     } = simulated;
@@ -294,9 +294,11 @@ fn print_simulation(simulated: &Simulated) {
         );
     }
     if bound_total.is_finite() {
-        println!("\nfinal state vs failure-free run: {drift:.4} (proven bound {bound_total:.4})");
+        println!("\nfinal state vs failure-free run: {final_error:.4} (proven bound {bound_total:.4})");
     } else {
-        println!("\nfinal weights vs failure-free run: {drift:.4} (SGD: the loss, not the weights, must come back)");
+        println!(
+            "\nfinal weights vs failure-free run: {final_error:.4} (SGD: the loss, not the weights, must come back)"
+        );
     }
     for (name, value) in accuracy {
         println!("  {name}: {value:.4}");

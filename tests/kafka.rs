@@ -511,8 +511,8 @@ fn metrics_show_progress_thresholds_and_starts() {
     };
     // One partition: θ = Θ/2, l = L/2, γ = Γ/2 before any failure.
     assert_eq!(value("afstream_theta", &["partition=\"0\""]), 500.0);
-    assert_eq!(value("afstream_items_threshold", &[]), 500.0);
-    assert_eq!(value("afstream_outputs_threshold", &[]), 500.0);
+    assert_eq!(value("afstream_max_uncovered", &[]), 500.0);
+    assert_eq!(value("afstream_max_unacked", &[]), 500.0);
     assert_eq!(value("afstream_failures", &[]), 0.0);
     assert_eq!(
         value(

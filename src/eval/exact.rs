@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, HashSet};
 use serde::Serialize;
 use serde_json::Value as Json;
 
+use super::produce::Workload;
 use crate::core::Operator;
 use crate::operators::heavy_hitters::detection_accuracy;
 use crate::operators::online_join::{exact_join, relative_error};
@@ -22,7 +23,7 @@ use crate::operators::{
     OnlineJoin, OnlineLogisticRegression, SgdWorker, Tokenize, WordCount,
 };
 use crate::service::codec::{Codec, ServiceOperator};
-use crate::service::config::Config;
+use crate::service::config::{Config, OperatorConfig};
 use crate::service::kafka::{partition_count, KafkaSetupError, TopicReader};
 use crate::service::ServiceError;
 
@@ -272,8 +273,17 @@ fn number(fields: &Json, name: &str) -> f64 {
     fields.get(name).and_then(Json::as_f64).unwrap_or(f64::NAN)
 }
 
+/// The workload a producer writes for a pipeline running `operator` (each
+/// kind's [`Answering::WORKLOAD`]).
+pub fn producer_workload(operator: &OperatorConfig) -> Workload {
+    crate::with_operator!(operator, |O, _config| <O as Answering>::WORKLOAD)
+}
+
 /// How an operator's exact answer is computed and compared.
 pub trait Answering: Operator + Sized {
+    /// The records `afstream produce` writes for a pipeline running it (for
+    /// a pipeline that reads another's output, those of the first one).
+    const WORKLOAD: Workload;
     type State: ExactState<Self>;
     fn start(operator: Self, partitions: usize) -> Self::State;
     fn compare(answer: &Answer, outputs: &[OutputFields], partitions: usize) -> Comparison;
@@ -287,9 +297,9 @@ pub trait ExactState<O: Operator> {
 
 /// One operator over all the input (per-key state is the same however the
 /// keys are split into tasks).
-pub struct Whole<O>(O);
+pub struct OverAllInput<O>(O);
 
-impl<O: Operator> Whole<O> {
+impl<O: Operator> OverAllInput<O> {
     fn take(&mut self, input: &O::Input, outputs: &mut Vec<O::Output>) -> bool {
         self.0.process(input, outputs).is_ok()
     }
@@ -359,9 +369,9 @@ fn compare_values(answer: &Answer, latest: &BTreeMap<&str, f64>, output_records:
     }
 }
 
-impl ExactState<WordCount> for Whole<WordCount> {
+impl ExactState<WordCount> for OverAllInput<WordCount> {
     fn take(&mut self, _: i32, input: &String, outputs: &mut Vec<<WordCount as Operator>::Output>) -> bool {
-        Whole::take(self, input, outputs)
+        OverAllInput::take(self, input, outputs)
     }
 
     fn answer(self, _: &Config) -> Answer {
@@ -370,9 +380,10 @@ impl ExactState<WordCount> for Whole<WordCount> {
 }
 
 impl Answering for WordCount {
-    type State = Whole<WordCount>;
+    const WORKLOAD: Workload = Workload::Text;
+    type State = OverAllInput<WordCount>;
     fn start(operator: Self, _: usize) -> Self::State {
-        Whole(operator)
+        OverAllInput(operator)
     }
     fn compare(answer: &Answer, outputs: &[OutputFields], _: usize) -> Comparison {
         compare_per_key(answer, outputs)
@@ -403,6 +414,7 @@ impl ExactState<Tokenize> for Occurrences {
 }
 
 impl Answering for Tokenize {
+    const WORKLOAD: Workload = Workload::Text;
     type State = Occurrences;
     fn start(operator: Self, _: usize) -> Self::State {
         Occurrences(operator, BTreeMap::new())
@@ -419,14 +431,14 @@ impl Answering for Tokenize {
     }
 }
 
-impl ExactState<KeyedAggregation> for Whole<KeyedAggregation> {
+impl ExactState<KeyedAggregation> for OverAllInput<KeyedAggregation> {
     fn take(
         &mut self,
         _: i32,
         input: &<KeyedAggregation as Operator>::Input,
         outputs: &mut Vec<<KeyedAggregation as Operator>::Output>,
     ) -> bool {
-        Whole::take(self, input, outputs)
+        OverAllInput::take(self, input, outputs)
     }
 
     fn answer(self, _: &Config) -> Answer {
@@ -440,9 +452,10 @@ impl ExactState<KeyedAggregation> for Whole<KeyedAggregation> {
 }
 
 impl Answering for KeyedAggregation {
-    type State = Whole<KeyedAggregation>;
+    const WORKLOAD: Workload = Workload::Keyed;
+    type State = OverAllInput<KeyedAggregation>;
     fn start(operator: Self, _: usize) -> Self::State {
-        Whole(operator)
+        OverAllInput(operator)
     }
     fn compare(answer: &Answer, outputs: &[OutputFields], _: usize) -> Comparison {
         compare_per_key(answer, outputs)
@@ -491,6 +504,7 @@ impl ExactState<HeavyHitters> for FlowBytes {
 }
 
 impl Answering for HeavyHitters {
+    const WORKLOAD: Workload = Workload::Packets;
     type State = FlowBytes;
     fn start(sketch: Self, _: usize) -> FlowBytes {
         FlowBytes {
@@ -541,6 +555,7 @@ impl ExactState<Grep> for Matches {
 }
 
 impl Answering for Grep {
+    const WORKLOAD: Workload = Workload::Text;
     type State = Matches;
     fn start(grep: Self, _: usize) -> Matches {
         Matches(grep, 0)
@@ -586,6 +601,7 @@ impl ExactState<OnlineLogisticRegression> for Models {
 }
 
 impl Answering for OnlineLogisticRegression {
+    const WORKLOAD: Workload = Workload::Vectors;
     type State = Models;
     fn start(model: Self, partitions: usize) -> Models {
         Models(vec![model; partitions])
@@ -631,6 +647,7 @@ fn score_models(outputs: &[OutputFields]) -> Comparison {
 }
 
 impl Answering for SgdWorker {
+    const WORKLOAD: Workload = Workload::Vectors;
     type State = SingleLearner;
     fn start(worker: Self, _: usize) -> SingleLearner {
         SingleLearner(worker.model().clone())
@@ -664,6 +681,7 @@ impl ExactState<ModelAverager> for LatestModels {
 }
 
 impl Answering for ModelAverager {
+    const WORKLOAD: Workload = Workload::Vectors;
     type State = LatestModels;
     fn start(_: Self, _: usize) -> LatestModels {
         LatestModels(BTreeMap::new())
@@ -694,6 +712,7 @@ impl ExactState<OnlineJoin> for Tuples {
 }
 
 impl Answering for OnlineJoin {
+    const WORKLOAD: Workload = Workload::Join;
     type State = Tuples;
     fn start(_: Self, _: usize) -> Tuples {
         Tuples(Vec::new())

@@ -15,9 +15,9 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use super::child::{log_field, logged_recoveries, LoggedRecovery, Run};
-use super::exact::{exact, Answer, Comparison};
+use super::exact::{exact, producer_workload, Answer, Comparison};
 use super::observed::{observed_divergences, RestoreCheck};
-use super::produce::{produce_from, Encoder, InputRecord, ProduceOptions, Workload};
+use super::produce::{produce_from, Encoder, InputRecord, ProduceOptions};
 use crate::core::recovery::BackupMarker;
 use crate::service::config::KafkaConfig;
 use crate::service::config::{self, Config, OperatorConfig};
@@ -239,7 +239,7 @@ pub fn run_experiment(options: &ExperimentOptions) -> Result<ExperimentReport, S
         .map_err(|e| ServiceError::Unsupported(format!("{}: {e}", options.config.display())))?;
     std::fs::create_dir_all(&options.dir)
         .map_err(|e| ServiceError::Unsupported(format!("{}: {e}", options.dir.display())))?;
-    let workload = Workload::for_operator(&base.pipeline.operator);
+    let workload = producer_workload(&base.pipeline.operator);
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -19,7 +19,7 @@ use crate::service::codec::{
     Codec, FeatureRecord, FlowPacketRecord, JoinTupleRecord, KeyedValueRecord, LabeledVectorRecord, ServiceOperator,
     TextLineRecord,
 };
-use crate::service::config::{AvroConfig, Format, KafkaConfig, OperatorConfig};
+use crate::service::config::{AvroConfig, Format, KafkaConfig};
 use crate::service::kafka::{ensure_topics, TopicSpec, REQUEST_TIMEOUT};
 use crate::service::ServiceError;
 use crate::workloads;
@@ -50,23 +50,6 @@ pub enum Workload {
     /// Tuples of two streams (`afstream.JoinTuple`), keyed by join key, for
     /// online_join; synthetic: Zipf-distributed keys.
     Join,
-}
-
-impl Workload {
-    /// The workload whose records an operator reads.
-    pub fn for_operator(operator: &OperatorConfig) -> Workload {
-        match operator {
-            OperatorConfig::WordCount(_) | OperatorConfig::Grep(_) | OperatorConfig::Tokenize(_) => Workload::Text,
-            OperatorConfig::HeavyHitters(_) => Workload::Packets,
-            OperatorConfig::KeyedAggregation(_) => Workload::Keyed,
-            // The averager reads what the workers write; a chain is produced
-            // to from its head.
-            OperatorConfig::LogisticRegression(_) | OperatorConfig::SgdWorker(_) | OperatorConfig::ModelAverager(_) => {
-                Workload::Vectors
-            }
-            OperatorConfig::OnlineJoin(_) => Workload::Join,
-        }
-    }
 }
 
 /// Runs `$body` with `$operator` the operator whose input a workload is.

@@ -278,9 +278,19 @@ impl PipelineConfig {
     }
 }
 
-/// The operator and its parameters (`kind` names it).
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+/// The operator and its parameters (`kind` names it). With
+/// [`with_operator!`](crate::with_operator), the registry of operator kinds:
+/// a variant here, an arm there, and every kind's `ServiceOperator` (codec,
+/// schemas) and `Answering` (exact answer, producer workload) impls; the
+/// kinds are listed by [`OperatorKind`] (see ARCHITECTURE.md, "Adding an
+/// operator").
+#[derive(Clone, Debug, PartialEq, Deserialize, strum::EnumDiscriminants)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[strum_discriminants(
+    name(OperatorKind),
+    derive(strum::EnumIter, strum::IntoStaticStr),
+    strum(serialize_all = "snake_case")
+)]
 pub enum OperatorConfig {
     WordCount(WordCountConfig),
     HeavyHitters(HeavyHitterConfig),
@@ -306,17 +316,7 @@ pub struct GrepConfig {
 impl OperatorConfig {
     /// Its `kind`.
     pub fn kind(&self) -> &'static str {
-        match self {
-            OperatorConfig::WordCount(_) => "word_count",
-            OperatorConfig::HeavyHitters(_) => "heavy_hitters",
-            OperatorConfig::KeyedAggregation(_) => "keyed_aggregation",
-            OperatorConfig::Grep(_) => "grep",
-            OperatorConfig::LogisticRegression(_) => "logistic_regression",
-            OperatorConfig::OnlineJoin(_) => "online_join",
-            OperatorConfig::Tokenize(_) => "tokenize",
-            OperatorConfig::SgdWorker(_) => "sgd_worker",
-            OperatorConfig::ModelAverager(_) => "model_averager",
-        }
+        OperatorKind::from(self).into()
     }
 
     /// Whether it reads `format = "text"`: a line (keyed aggregation: the

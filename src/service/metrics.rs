@@ -131,12 +131,12 @@ pub const METRICS: &[(&str, MetricKind, &str)] = &[
     ),
     ("afstream_theta", MetricKind::Gauge, "The task's current θ."),
     (
-        "afstream_items_threshold",
+        "afstream_max_uncovered",
         MetricKind::Gauge,
         "The task's current l: a marker goes out every l/2 items, so a recovery replays about l.",
     ),
     (
-        "afstream_outputs_threshold",
+        "afstream_max_unacked",
         MetricKind::Gauge,
         "The task's current γ: unacknowledged outputs.",
     ),
@@ -216,8 +216,8 @@ pub struct TaskMetrics {
     stalls: Counter,
     divergence: Gauge,
     theta: Gauge,
-    items_threshold: Gauge,
-    outputs_threshold: Gauge,
+    max_uncovered: Gauge,
+    max_unacked: Gauge,
     items_past_marker: Gauge,
     unacknowledged_outputs: Gauge,
     marker_round_trip: Gauge,
@@ -260,8 +260,8 @@ impl TaskMetrics {
             stalls: counter!("afstream_stalls_total", &labels),
             divergence: gauge!("afstream_divergence", &labels),
             theta: gauge!("afstream_theta", &labels),
-            items_threshold: gauge!("afstream_items_threshold", &labels),
-            outputs_threshold: gauge!("afstream_outputs_threshold", &labels),
+            max_uncovered: gauge!("afstream_max_uncovered", &labels),
+            max_unacked: gauge!("afstream_max_unacked", &labels),
             items_past_marker: gauge!("afstream_items_past_marker", &labels),
             unacknowledged_outputs: gauge!("afstream_unacknowledged_outputs", &labels),
             marker_round_trip: gauge!("afstream_marker_round_trip_seconds", &labels),
@@ -333,8 +333,8 @@ impl TaskMetrics {
         self.published_undecodable = undecodable;
         self.divergence.set(position.divergence);
         self.theta.set(position.thresholds.theta);
-        self.items_threshold.set(position.thresholds.items as f64);
-        self.outputs_threshold.set(position.thresholds.outputs as f64);
+        self.max_uncovered.set(position.thresholds.items as f64);
+        self.max_unacked.set(position.thresholds.outputs as f64);
         self.items_past_marker.set(position.items_past_marker as f64);
         self.unacknowledged_outputs.set(position.unacknowledged_outputs as f64);
         self.failures.set(position.failures as f64);

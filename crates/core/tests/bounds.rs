@@ -120,7 +120,7 @@ fn within(observed: f64, bound: f64) -> bool {
 
 /// Runs the stream with and without the failures: the final states differ by
 /// at most the summed bound of the failures.
-fn final_drift_within_bound<O>(
+fn final_error_within_bound<O>(
     build: &dyn Fn() -> O,
     config: ControllerConfig,
     stream: &[O::Input],
@@ -151,7 +151,7 @@ proptest! {
         let config = HeavyHitterConfig { max_weight: 1500, threshold: HitterThreshold::Bytes(50_000.0), ..Default::default() };
         let build = move || HeavyHitters::new(config).unwrap();
         let cfg = controller(&build(), Mode::Approximate, theta, items, outputs);
-        final_drift_within_bound(&build, cfg, &stream, &failures)?;
+        final_error_within_bound(&build, cfg, &stream, &failures)?;
     }
 
     #[test]
@@ -165,7 +165,7 @@ proptest! {
         let config = JoinConfig { sampling_rate: 0.3, emit_every: 50 };
         let build = move || OnlineJoin::new(config).unwrap();
         let cfg = controller(&build(), Mode::Approximate, theta, items, 16);
-        final_drift_within_bound(&build, cfg, &stream, &failures)?;
+        final_error_within_bound(&build, cfg, &stream, &failures)?;
     }
 
     #[test]
@@ -182,7 +182,7 @@ proptest! {
         let config = KeyedAggregationConfig { aggregate: Aggregate::Count, divergence, max_abs_value: 10.0 };
         let build = move || KeyedAggregation::new(config).unwrap();
         let cfg = controller(&build(), Mode::Approximate, theta, items, outputs);
-        final_drift_within_bound(&build, cfg, &stream, &failures)?;
+        final_error_within_bound(&build, cfg, &stream, &failures)?;
     }
 
     #[test]
@@ -207,7 +207,7 @@ proptest! {
         )
         .unwrap();
         let cfg = ControllerConfig::new(Mode::Approximate, policy, op.constants());
-        final_drift_within_bound(&build, cfg, &stream, &failures)?;
+        final_error_within_bound(&build, cfg, &stream, &failures)?;
     }
 
     #[test]
@@ -221,7 +221,7 @@ proptest! {
         let config = KeyedAggregationConfig { aggregate: Aggregate::Sum, divergence: afstream_core::Norm::L1, max_abs_value: 10.0 };
         let build = move || KeyedAggregation::new(config).unwrap();
         let cfg = controller(&build(), Mode::Approximate, theta, items, 8);
-        final_drift_within_bound(&build, cfg, &stream, &failures)?;
+        final_error_within_bound(&build, cfg, &stream, &failures)?;
     }
 
     #[test]
@@ -235,7 +235,7 @@ proptest! {
         let config = WordCountConfig { divergence: afstream_core::Norm::L1, max_words_per_line: 8 };
         let build = move || WordCount::new(config).unwrap();
         let cfg = controller(&build(), Mode::Approximate, theta, items, 32);
-        final_drift_within_bound(&build, cfg, &stream, &failures)?;
+        final_error_within_bound(&build, cfg, &stream, &failures)?;
     }
 
     #[test]
@@ -254,7 +254,7 @@ proptest! {
         // from the changelog; most words live only in the store between batches.
         let build = move || WordCount::with_store(config, Box::new(MemoryKeyStore::write_through()), resident).unwrap();
         let cfg = controller(&build(), Mode::Approximate, theta, items, 32);
-        final_drift_within_bound(&build, cfg, &stream, &failures)?;
+        final_error_within_bound(&build, cfg, &stream, &failures)?;
     }
 
     #[test]
@@ -316,7 +316,7 @@ proptest! {
         let cfg = controller(&build(), mode, 1.0, 1, 1);
         // Exact at its markers; a crash during a backup applies at most two
         // intervals twice to the keys that backup wrote.
-        final_drift_within_bound(&build, cfg, &stream, &failures)?;
+        final_error_within_bound(&build, cfg, &stream, &failures)?;
     }
 
     #[test]

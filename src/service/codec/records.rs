@@ -35,11 +35,12 @@ pub struct HeavyHitterRecord<'a> {
 pub struct KeyedValueRecord<'a> {
     #[serde(borrow)]
     pub key: Cow<'a, str>,
-    #[serde(default = "one")]
+    #[serde(default = "a_count_of_one")]
     pub value: f64,
 }
 
-fn one() -> f64 {
+/// A keyed value without one counts its key once.
+fn a_count_of_one() -> f64 {
     1.0
 }
 

@@ -18,7 +18,7 @@ use crate::service::delivery::{Delivery, DeliveryReports, FailedRecord, TaskInca
 
 use super::input::{RawRecord, RawRecords};
 use super::{
-    Shared, DEAD_LETTER_OFFSET_HEADER, DEAD_LETTER_PARTITION_HEADER, DEAD_LETTER_REASON_HEADER,
+    TaskEnv, DEAD_LETTER_OFFSET_HEADER, DEAD_LETTER_PARTITION_HEADER, DEAD_LETTER_REASON_HEADER,
     DEAD_LETTER_TOPIC_HEADER, SOURCE_POSITION_HEADER,
 };
 
@@ -33,7 +33,7 @@ pub(super) struct OpenBackup {
 /// What a task's I/O left for the loop: acknowledgements known at once, the
 /// backups in flight, and an error the task cannot go on with.
 #[derive(Default)]
-pub(super) struct Flight {
+pub(super) struct InFlight {
     /// Backups in flight, in the order they were written: each is reported
     /// once all its records are, and in this order (an acknowledgement covers
     /// every backup before it, see `Operator::acknowledge_backup`).
@@ -164,7 +164,7 @@ impl RetryBackoff {
     }
 }
 
-impl Flight {
+impl InFlight {
     pub(super) fn backup_record_done(&mut self, seq: u64, failed: bool) {
         let Some(open) = self.backups.iter_mut().find(|b| b.seq == seq) else {
             return;
@@ -232,11 +232,11 @@ pub(super) fn is_queue_full(error: &KafkaError) -> bool {
 
 /// The Kafka side of one task, handed to its driver for one call.
 pub(super) struct KafkaIo<'a, O> {
-    pub(super) shared: &'a Shared<'a>,
+    pub(super) shared: &'a TaskEnv<'a>,
     pub(super) partition: i32,
     /// The task's run, named on every record it sends.
     pub(super) incarnation: TaskIncarnation,
-    pub(super) flight: &'a mut Flight,
+    pub(super) in_flight: &'a mut InFlight,
     pub(super) key: &'a mut Vec<u8>,
     pub(super) value: &'a mut Vec<u8>,
     /// The records being processed, as they came (for dead letters).
@@ -248,7 +248,7 @@ pub(super) struct KafkaIo<'a, O> {
 /// entry has no value), without waiting: a full queue is the caller's to
 /// handle ([`is_queue_full`]).
 pub(super) fn send_to_changelog(
-    shared: &Shared<'_>,
+    shared: &TaskEnv<'_>,
     partition: i32,
     entry: &BackupEntry,
     delivery: Delivery,
@@ -317,7 +317,7 @@ impl<O: ServiceOperator> KafkaIo<'_, O> {
     /// A record of the item at `offset` could not be sent: the task ends
     /// with this error.
     fn send_failed(&mut self, what: &str, topic: &str, offset: u64, error: &KafkaError) {
-        self.flight.fatal.get_or_insert(format!(
+        self.in_flight.fatal.get_or_insert(format!(
             "producing {what} to {topic} (input partition {}, offset {offset}): {}",
             self.partition,
             send_failure(error)
@@ -365,7 +365,7 @@ impl<O: ServiceOperator> KafkaIo<'_, O> {
 
 impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
     fn send_output(&mut self, item_offset: u64, output: O::Output) {
-        if self.flight.fatal.is_some() {
+        if self.in_flight.fatal.is_some() {
             // The task ends with that error; each further send would wait its
             // patience on the same full queue.
             return;
@@ -373,7 +373,7 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
         let keyed = match self.shared.codec.encode::<O>(&output, self.key, self.value) {
             Ok(keyed) => keyed,
             Err(error) => {
-                self.flight.fatal.get_or_insert(format!(
+                self.in_flight.fatal.get_or_insert(format!(
                     "encoding an output (input partition {}, offset {item_offset}): {error}",
                     self.partition
                 ));
@@ -387,7 +387,7 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
         let mut record =
             BaseRecord::with_opaque_to(&self.shared.topics.output, delivery.pack()).payload(self.value.as_slice());
         if self.shared.source_positions {
-            let position = self.flight.positions.next(item_offset).encode();
+            let position = self.in_flight.positions.next(item_offset).encode();
             record = record.headers(OwnedHeaders::new_with_capacity(1).insert(Header {
                 key: SOURCE_POSITION_HEADER,
                 value: Some(position.as_bytes()),
@@ -406,21 +406,21 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
     }
 
     fn write_backup(&mut self, seq: u64, records: &BackupBatch) {
-        self.flight.backups.push_back(OpenBackup {
+        self.in_flight.backups.push_back(OpenBackup {
             seq,
             remaining: records.len(),
             failed: false,
         });
         if records.is_empty() {
             // Nothing to deliver: written once the backups before it are.
-            self.flight.report_backups();
+            self.in_flight.report_backups();
             return;
         }
         let delivery = Delivery::BackupRecord {
             task: self.incarnation,
             seq,
         };
-        self.flight
+        self.in_flight
             .changelog
             .extend(records.iter().map(|record| (record.to_entry(), delivery)));
     }
@@ -430,7 +430,7 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
             task: self.incarnation,
             seq: marker.seq,
         };
-        self.flight.changelog.push((marker.to_entry(), delivery));
+        self.in_flight.changelog.push((marker.to_entry(), delivery));
     }
 
     fn commit(&mut self, offset: u64) {
@@ -444,7 +444,7 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
     }
 
     fn rejected(&mut self, offset: u64, reason: &Rejected) -> u64 {
-        if self.flight.fatal.is_some() {
+        if self.in_flight.fatal.is_some() {
             // The task ends with that error (see `send_output`).
             return 0;
         }
@@ -481,7 +481,7 @@ impl<O: ServiceOperator> TaskIo<O::Output> for KafkaIo<'_, O> {
         if let Err(error) = sent {
             self.send_failed("a dead letter", &topics.dead_letters, offset, &error);
         }
-        self.flight.dead_letters_in_flight += 1;
+        self.in_flight.dead_letters_in_flight += 1;
         1
     }
 }
@@ -527,28 +527,28 @@ mod tests {
 
     #[test]
     fn backups_in_flight_are_reported_in_the_order_written() {
-        let mut flight = Flight::default();
+        let mut in_flight = InFlight::default();
         for (seq, remaining) in [(1, 2), (3, 0), (5, 1)] {
-            flight.backups.push_back(OpenBackup {
+            in_flight.backups.push_back(OpenBackup {
                 seq,
                 remaining,
                 failed: false,
             });
         }
-        flight.report_backups();
+        in_flight.report_backups();
         assert!(
-            flight.acks.is_empty(),
+            in_flight.acks.is_empty(),
             "an empty backup waits for the one before it: an acknowledgement covers every backup before it"
         );
-        flight.backup_record_done(5, true);
-        assert!(flight.acks.is_empty(), "{:?}", flight.acks);
-        flight.backup_record_done(1, false);
-        flight.backup_record_done(1, false);
+        in_flight.backup_record_done(5, true);
+        assert!(in_flight.acks.is_empty(), "{:?}", in_flight.acks);
+        in_flight.backup_record_done(1, false);
+        in_flight.backup_record_done(1, false);
         assert_eq!(
-            flight.acks,
+            in_flight.acks,
             [Ack::BackupWritten(1), Ack::BackupWritten(3), Ack::BackupFailed(5)]
         );
-        assert!(flight.backups.is_empty());
+        assert!(in_flight.backups.is_empty());
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::service::kafka::{ensure_topics, partition_count, patiently, KafkaSetu
 use crate::service::ServiceError;
 
 use super::task::Task;
-use super::Shared;
+use super::TaskEnv;
 
 /// Empties a list the rebalance callback fills (empty when its lock is poisoned).
 /// The pipeline's feedback topic: every record to every task, from the last
@@ -79,7 +79,7 @@ impl FeedbackReader {
     /// and keeps the last for the tasks that start later. Whether any arrived.
     pub(super) fn hand_to<'t, O: ServiceOperator + 't>(
         &mut self,
-        shared: &Shared<'_>,
+        shared: &TaskEnv<'_>,
         tasks: impl Iterator<Item = &'t mut Task<O>>,
     ) -> bool {
         let values = self.poll();

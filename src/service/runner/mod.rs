@@ -238,14 +238,14 @@ struct TaskStarter<'a, O: ServiceOperator> {
 impl<O: ServiceOperator> TaskStarter<'_, O> {
     fn start(
         &self,
-        shared: &Shared<'_>,
+        shared: &TaskEnv<'_>,
         manager: &mut TaskManager<Task<O>>,
         feedback: Option<&FeedbackReader>,
         started: Instant,
         now_ms: u64,
     ) -> Result<(), ServiceError> {
         let context = shared.consumer.context();
-        let batch = take(&context.assigned);
+        let batch = take_recorded(&context.assigned);
         let mut queues = Vec::with_capacity(batch.len());
         for assigned in &batch {
             queues.push(own_queue(
@@ -278,7 +278,7 @@ impl<O: ServiceOperator> TaskStarter<'_, O> {
 }
 
 /// What every task shares: the clients and the topics.
-struct Shared<'a> {
+struct TaskEnv<'a> {
     group: String,
     producer: &'a BaseProducer<DeliveryReports>,
     changelog_producer: &'a BaseProducer<DeliveryReports>,
@@ -295,7 +295,7 @@ struct Shared<'a> {
     source_positions: bool,
 }
 
-impl Shared<'_> {
+impl TaskEnv<'_> {
     /// A new task incarnation, for a task starting now.
     fn next_incarnation(&self) -> TaskIncarnation {
         let next = self.incarnation.get().next();
@@ -323,7 +323,7 @@ impl Shared<'_> {
     }
 }
 
-impl Producers for Shared<'_> {
+impl Producers for TaskEnv<'_> {
     fn reports(&self, into: &mut Vec<DeliveryEvent>) {
         for producer in [self.producer, self.changelog_producer] {
             producer.poll(Duration::ZERO);
@@ -336,7 +336,8 @@ impl Producers for Shared<'_> {
     }
 }
 
-fn take<T: Default>(list: &Mutex<T>) -> T {
+/// Takes what the group listener recorded in `list`.
+fn take_recorded<T: Default>(list: &Mutex<T>) -> T {
     list.lock().map(|mut l| std::mem::take(&mut *l)).unwrap_or_default()
 }
 
@@ -388,7 +389,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         partitions, mode = ?pipeline.fault_tolerance.mode(), "joined group {}", kafka.group_id
     );
 
-    let shared = Shared {
+    let shared = TaskEnv {
         group: kafka.group_id.clone(),
         producer: &producer,
         changelog_producer: &changelog_producer,
@@ -434,7 +435,7 @@ pub fn run_pipeline<O: ServiceOperator>(
 /// until every task stopped cleanly. The manager and any handoff left to
 /// release when it ends.
 fn run_rounds<O: ServiceOperator>(
-    shared: &Shared<'_>,
+    shared: &TaskEnv<'_>,
     starter: &TaskStarter<'_, O>,
     feedback: &mut Option<FeedbackReader>,
     stop: &AtomicBool,
@@ -526,20 +527,20 @@ fn run_rounds<O: ServiceOperator>(
 /// Hands the manager what the group listener recorded since the last round:
 /// revocations, losses, partitions given back. Whether anything happened.
 fn rebalanced<O: ServiceOperator>(
-    shared: &Shared<'_>,
+    shared: &TaskEnv<'_>,
     manager: &mut TaskManager<Task<O>>,
     now_ms: u64,
 ) -> Result<bool, ServiceError> {
     let context = shared.consumer.context();
     let mut worked = false;
-    let revoked = take(&context.revoked);
+    let revoked = take_recorded(&context.revoked);
     if !revoked.is_empty() {
         // The revocation flushed the producers: the revoked tasks get their
         // delivery reports before they go.
         worked |= manager.deliver(shared, now_ms);
         manager.revoked(&revoked);
     }
-    let lost = take(&context.lost);
+    let lost = take_recorded(&context.lost);
     if !lost.is_empty() {
         // The loss flushed the producers: the tasks get their delivery
         // reports before they are parked, and the changelog's end is final.
@@ -551,7 +552,7 @@ fn rebalanced<O: ServiceOperator>(
             kept.insert(partition, parked);
         }
     }
-    for (partition, end) in take(&context.regained) {
+    for (partition, end) in take_recorded(&context.regained) {
         manager.regained(shared, partition, end, now_ms)?;
         worked = true;
     }

@@ -19,7 +19,7 @@ use crate::service::metrics::{TaskMetrics, TaskPosition};
 use crate::service::store::{StoreMeta, TaskStore};
 use crate::service::ServiceError;
 
-use super::collector::{is_queue_full, send, send_failure, send_to_changelog, Flight, KafkaIo, OutputPositions};
+use super::collector::{is_queue_full, send, send_failure, send_to_changelog, InFlight, KafkaIo, OutputPositions};
 use super::faults::injected_restore_failure;
 #[cfg(feature = "fault-injection")]
 use super::faults::{FAULT_SKIP_BACKUPS, FAULT_SLOW_TASK_START_MS};
@@ -27,7 +27,7 @@ use super::group::{own_queue, GroupContext};
 use super::input::{InputBatch, RawRecords};
 use super::manager::{ManagedTask, TaskView};
 use super::restore::Restored;
-use super::{Assigned, Shared, TaskReport, POLL_BATCH, RESTORE_ATTEMPTS, RESTORE_CHUNK, RESTORE_RETRY_WAIT};
+use super::{Assigned, TaskEnv, TaskReport, POLL_BATCH, RESTORE_ATTEMPTS, RESTORE_CHUNK, RESTORE_RETRY_WAIT};
 
 /// A task that backs up starts with a marker, and the group's offset follows
 /// acknowledged markers: a committed offset with no marker in the changelog
@@ -35,7 +35,7 @@ use super::{Assigned, Shared, TaskReport, POLL_BATCH, RESTORE_ATTEMPTS, RESTORE_
 /// a `changelog_topic` renamed). The task goes on from that offset with an
 /// empty state, so the state of the input before it is lost: an error and a
 /// metric, not a clean start.
-fn report_lost_state(shared: &Shared<'_>, partition: i32, committed: u64) {
+fn report_lost_state(shared: &TaskEnv<'_>, partition: i32, committed: u64) {
     tracing::error!(
         partition,
         committed,
@@ -56,7 +56,7 @@ pub(super) struct Task<O: ServiceOperator> {
     pub(super) queue: PartitionQueue<GroupContext>,
     pub(super) batch: InputBatch<O>,
     pub(super) end: u64,
-    pub(super) flight: Flight,
+    pub(super) in_flight: InFlight,
     pub(super) key: Vec<u8>,
     pub(super) value: Vec<u8>,
     pub(super) metrics: TaskMetrics,
@@ -68,9 +68,9 @@ pub(super) struct Task<O: ServiceOperator> {
 
 impl<O: ServiceOperator> Task<O> {
     pub(super) fn io<'a>(
-        shared: &'a Shared<'a>,
+        shared: &'a TaskEnv<'a>,
         (partition, incarnation): (i32, TaskIncarnation),
-        flight: &'a mut Flight,
+        in_flight: &'a mut InFlight,
         key: &'a mut Vec<u8>,
         value: &'a mut Vec<u8>,
         records: RawRecords<'a>,
@@ -79,7 +79,7 @@ impl<O: ServiceOperator> Task<O> {
             shared,
             partition,
             incarnation,
-            flight,
+            in_flight,
             key,
             value,
             records,
@@ -212,7 +212,7 @@ impl<O: ServiceOperator> Task<O> {
 
     /// Starts the task's driver on its restored state.
     pub(super) fn start(
-        shared: &Shared<'_>,
+        shared: &TaskEnv<'_>,
         controller: ControllerConfig,
         restored: Restored<O>,
         queue: PartitionQueue<GroupContext>,
@@ -236,16 +236,16 @@ impl<O: ServiceOperator> Task<O> {
         if controller.mode != Mode::None && plan.source == ResumeSource::Committed {
             report_lost_state(shared, partition, plan.resume_offset);
         }
-        let mut flight = Flight {
+        let mut in_flight = InFlight {
             positions: OutputPositions::new(&shared.group, &shared.topics.input, partition),
-            ..Flight::default()
+            ..InFlight::default()
         };
         let (mut key, mut value) = (Vec::new(), Vec::new());
         let incarnation = shared.next_incarnation();
         let mut io = Self::io(
             shared,
             (partition, incarnation),
-            &mut flight,
+            &mut in_flight,
             &mut key,
             &mut value,
             RawRecords::NONE,
@@ -283,8 +283,8 @@ impl<O: ServiceOperator> Task<O> {
                 bound_state = plan.introduced.state,
                 bound_outputs = plan.introduced.outputs,
                 theta = thresholds.theta,
-                l = thresholds.items,
-                gamma = thresholds.outputs,
+                max_uncovered = thresholds.items,
+                max_unacked = thresholds.outputs,
                 "recovered from a failure",
             );
         } else {
@@ -296,8 +296,8 @@ impl<O: ServiceOperator> Task<O> {
                 restored_records = restored_records,
                 changelog_end,
                 theta = thresholds.theta,
-                l = thresholds.items,
-                gamma = thresholds.outputs,
+                max_uncovered = thresholds.items,
+                max_unacked = thresholds.outputs,
                 "task started",
             );
         }
@@ -308,7 +308,7 @@ impl<O: ServiceOperator> Task<O> {
             queue,
             batch: InputBatch::new(plan.resume_offset),
             end: assigned.end,
-            flight,
+            in_flight,
             key,
             value,
             metrics: TaskMetrics::new(&shared.group, assigned.partition),
@@ -322,8 +322,8 @@ impl<O: ServiceOperator> Task<O> {
     /// A record the producer refuses fails with every record behind it, as a
     /// gapless log fails every write behind a failed one: no marker may land
     /// over a backup record that did not.
-    fn send_changelog(&mut self, shared: &Shared<'_>) {
-        let mut waiting = std::mem::take(&mut self.flight.changelog).into_iter();
+    fn send_changelog(&mut self, shared: &TaskEnv<'_>) {
+        let mut waiting = std::mem::take(&mut self.in_flight.changelog).into_iter();
         let mut refused: Option<KafkaError> = None;
         let mut after_entries = false;
         while let Some((entry, delivery)) = waiting.next() {
@@ -335,18 +335,18 @@ impl<O: ServiceOperator> Task<O> {
                 match send_to_changelog(shared, self.partition, &entry, delivery) {
                     Ok(()) => {
                         if let Delivery::Marker { seq, .. } = delivery {
-                            self.flight.markers.sent(seq);
+                            self.in_flight.markers.sent(seq);
                         }
                         continue;
                     }
                     Err(error) if is_queue_full(&error) => {
-                        self.flight.changelog = std::iter::once((entry, delivery)).chain(waiting).collect();
+                        self.in_flight.changelog = std::iter::once((entry, delivery)).chain(waiting).collect();
                         return;
                     }
                     Err(error) => {
                         if let KafkaError::MessageProduction(code) = &error {
                             if is_permanent(*code) {
-                                self.flight.fatal.get_or_insert(format!(
+                                self.in_flight.fatal.get_or_insert(format!(
                                     "the changelog {} refused a record of partition {} ({} bytes): {error}",
                                     shared.topics.changelog,
                                     self.partition,
@@ -362,11 +362,11 @@ impl<O: ServiceOperator> Task<O> {
             match delivery {
                 Delivery::Marker { seq, .. } => {
                     tracing::warn!(partition = self.partition, seq, %error, "marker not sent; it is retried");
-                    self.flight.acks.push(Ack::MarkerFailed(seq));
+                    self.in_flight.acks.push(Ack::MarkerFailed(seq));
                 }
                 Delivery::BackupRecord { seq, .. } => {
                     tracing::warn!(partition = self.partition, seq, %error, "backup record not sent; the backup is retried");
-                    self.flight.backup_record_done(seq, true);
+                    self.in_flight.backup_record_done(seq, true);
                 }
                 Delivery::Output { .. } | Delivery::DeadLetter { .. } => {}
             }
@@ -374,11 +374,11 @@ impl<O: ServiceOperator> Task<O> {
     }
 
     /// Delivers the acknowledgements the I/O produced itself, until none is left.
-    pub(super) fn settle(&mut self, shared: &Shared<'_>) -> bool {
+    pub(super) fn apply_immediate_acks(&mut self, shared: &TaskEnv<'_>) -> bool {
         let mut worked = false;
-        while !self.flight.acks.is_empty() {
+        while !self.in_flight.acks.is_empty() {
             worked = true;
-            let acks = std::mem::take(&mut self.flight.acks);
+            let acks = std::mem::take(&mut self.in_flight.acks);
             for ack in acks {
                 self.acknowledge(shared, ack);
             }
@@ -386,13 +386,13 @@ impl<O: ServiceOperator> Task<O> {
         worked
     }
 
-    pub(super) fn acknowledge(&mut self, shared: &Shared<'_>, ack: Ack) {
+    pub(super) fn acknowledge(&mut self, shared: &TaskEnv<'_>, ack: Ack) {
         // A backup's outcome moves the state's baseline, which the store keeps.
-        self.flight.unwritten |= matches!(ack, Ack::BackupWritten(_) | Ack::BackupFailed(_));
+        self.in_flight.unwritten |= matches!(ack, Ack::BackupWritten(_) | Ack::BackupFailed(_));
         let mut io = Self::io(
             shared,
             (self.partition, self.incarnation),
-            &mut self.flight,
+            &mut self.in_flight,
             &mut self.key,
             &mut self.value,
             RawRecords::NONE,
@@ -412,7 +412,7 @@ impl<O: ServiceOperator> Task<O> {
             backup_entries = stats.backup_entries,
             markers = stats.markers,
             stalls = stats.stalls,
-            marker_round_trip_ms = self.flight.markers.mean().map_or(0.0, |d| d.as_secs_f64() * 1e3),
+            marker_round_trip_ms = self.in_flight.markers.mean().map_or(0.0, |d| d.as_secs_f64() * 1e3),
             rejected = stats.rejected,
             undecodable = self.batch.undecodable,
             repeats_skipped = stats.repeats,
@@ -422,7 +422,7 @@ impl<O: ServiceOperator> Task<O> {
             partition: self.partition,
             stats,
             before_stop: self.before_stop.unwrap_or(stats),
-            markers: self.flight.markers.clone(),
+            markers: self.in_flight.markers.clone(),
             undecodable: self.batch.undecodable,
         }
     }
@@ -436,7 +436,7 @@ impl<O: ServiceOperator> Task<O> {
             items_past_marker: controller.items_past_marker(),
             unacknowledged_outputs: controller.unacknowledged_outputs(),
             failures: controller.failures(),
-            marker_round_trips: (self.flight.markers.acknowledged, self.flight.markers.total),
+            marker_round_trips: (self.in_flight.markers.acknowledged, self.in_flight.markers.total),
         };
         self.metrics
             .publish(self.driver.stats(), self.batch.undecodable, &position);
@@ -444,11 +444,11 @@ impl<O: ServiceOperator> Task<O> {
 
     /// Hands the operator a record of the feedback topic; one that does not
     /// decode is skipped with a warning (the next one supersedes it).
-    pub(super) fn feedback(&mut self, shared: &Shared<'_>, codec: &Codec, value: &[u8]) {
+    pub(super) fn feedback(&mut self, shared: &TaskEnv<'_>, codec: &Codec, value: &[u8]) {
         let mut io = Self::io(
             shared,
             (self.partition, self.incarnation),
-            &mut self.flight,
+            &mut self.in_flight,
             &mut self.key,
             &mut self.value,
             RawRecords::NONE,
@@ -500,14 +500,14 @@ impl<O: ServiceOperator> TaskView for Task<O> {
     }
 
     fn take_fatal(&mut self) -> Option<String> {
-        self.flight.fatal.take()
+        self.in_flight.fatal.take()
     }
 }
 
-impl<O: ServiceOperator> ManagedTask<Shared<'_>> for Task<O> {
+impl<O: ServiceOperator> ManagedTask<TaskEnv<'_>> for Task<O> {
     /// Takes input until the driver must wait; returns whether anything happened.
-    fn step(&mut self, shared: &Shared<'_>, now_ms: u64, stopping: bool) -> bool {
-        let mut worked = self.settle(shared);
+    fn step(&mut self, shared: &TaskEnv<'_>, now_ms: u64, stopping: bool) -> bool {
+        let mut worked = self.apply_immediate_acks(shared);
         if stopping || self.driver.is_stopped() {
             return worked;
         }
@@ -538,7 +538,7 @@ impl<O: ServiceOperator> ManagedTask<Shared<'_>> for Task<O> {
         let mut io = Self::io(
             shared,
             (self.partition, self.incarnation),
-            &mut self.flight,
+            &mut self.in_flight,
             &mut self.key,
             &mut self.value,
             records,
@@ -552,7 +552,7 @@ impl<O: ServiceOperator> ManagedTask<Shared<'_>> for Task<O> {
                 match self.driver.process(batch.items(batch.taken, run_end), now_ms, &mut io) {
                     Ok(taken) => taken,
                     Err(error) => {
-                        io.flight
+                        io.in_flight
                             .fatal
                             .get_or_insert(format!("reading the task's state: {error}"));
                         return true;
@@ -567,14 +567,14 @@ impl<O: ServiceOperator> ManagedTask<Shared<'_>> for Task<O> {
             };
             batch.taken += taken;
             worked |= taken > 0;
-            io.flight.unwritten |= taken > 0;
+            io.in_flight.unwritten |= taken > 0;
             if batch.taken < run_end || taken == 0 {
                 tracing::trace!(partition = self.partition, blocked = ?self.driver.readiness(), "input waits");
                 break;
             }
         }
         self.driver.tick(now_ms, &mut io);
-        worked |= self.settle(shared);
+        worked |= self.apply_immediate_acks(shared);
         if worked {
             self.publish();
         }
@@ -585,12 +585,12 @@ impl<O: ServiceOperator> ManagedTask<Shared<'_>> for Task<O> {
     /// exact at), then sends the changelog records held for that write; sends
     /// failed outputs and dead letters again. Nothing goes out while a failed
     /// delivery's backoff lasts.
-    fn flush(&mut self, shared: &Shared<'_>, now_ms: u64) -> bool {
-        if self.flight.retry.holds(now_ms) {
+    fn flush(&mut self, shared: &TaskEnv<'_>, now_ms: u64) -> bool {
+        if self.in_flight.retry.holds(now_ms) {
             return false;
         }
-        let resent = !self.flight.resend.is_empty();
-        for (delivery, failed) in std::mem::take(&mut self.flight.resend) {
+        let resent = !self.in_flight.resend.is_empty();
+        for (delivery, failed) in std::mem::take(&mut self.in_flight.resend) {
             let mut record = BaseRecord::with_opaque_to(&failed.topic, delivery.pack());
             if let Some(key) = &failed.key {
                 record = record.key(key.as_slice());
@@ -601,21 +601,21 @@ impl<O: ServiceOperator> ManagedTask<Shared<'_>> for Task<O> {
             if let Some(headers) = failed.headers {
                 record = record.headers(headers);
             }
-            if self.flight.fatal.is_some() {
+            if self.in_flight.fatal.is_some() {
                 break;
             }
             if let Err(error) = send(shared.producer, record) {
-                self.flight.fatal.get_or_insert(format!(
+                self.in_flight.fatal.get_or_insert(format!(
                     "sending a record to {} again: {}",
                     failed.topic,
                     send_failure(&error)
                 ));
             }
         }
-        if self.flight.changelog.is_empty() && !self.flight.unwritten {
+        if self.in_flight.changelog.is_empty() && !self.in_flight.unwritten {
             return resent;
         }
-        if self.store.is_some() && self.flight.dead_letters_in_flight > 0 {
+        if self.store.is_some() && self.in_flight.dead_letters_in_flight > 0 {
             // The store write (and the changelog records that wait for it)
             // waits for the dead letters' acknowledgements.
             return resent;
@@ -624,22 +624,22 @@ impl<O: ServiceOperator> ManagedTask<Shared<'_>> for Task<O> {
             self.driver.stage_state();
             self.driver.checkpoint(&mut meta.checkpoint);
             if let Err(error) = store.write(meta) {
-                self.flight.fatal.get_or_insert(error.to_string());
+                self.in_flight.fatal.get_or_insert(error.to_string());
                 return true;
             }
             self.driver.state_durable();
         }
-        self.flight.unwritten = false;
+        self.in_flight.unwritten = false;
         self.send_changelog(shared);
         true
     }
 
-    fn delivered(&mut self, shared: &Shared<'_>, event: DeliveryEvent, now_ms: u64) {
+    fn delivered(&mut self, shared: &TaskEnv<'_>, event: DeliveryEvent, now_ms: u64) {
         let changelog = matches!(event.delivery, Delivery::BackupRecord { .. } | Delivery::Marker { .. });
         if changelog && event.failure.is_some() {
             if let Some((code, reason)) = shared.changelog_producer.client().fatal_error() {
                 // No record may land behind the failed one: the producer stopped.
-                self.flight.fatal.get_or_insert(format!(
+                self.in_flight.fatal.get_or_insert(format!(
                     "the changelog's producer stopped ({code:?}: {reason}); a restart recovers from the last \
                      marker in {}",
                     shared.topics.changelog
@@ -648,15 +648,15 @@ impl<O: ServiceOperator> ManagedTask<Shared<'_>> for Task<O> {
             }
         }
         match &event.failure {
-            None => self.flight.retry.succeeded(),
+            None => self.in_flight.retry.succeeded(),
             Some(failed) if failed.code.is_some_and(is_permanent) => {
-                self.flight.fatal.get_or_insert(format!(
+                self.in_flight.fatal.get_or_insert(format!(
                     "the broker refuses a record for {} for good (input partition {}): {}",
                     failed.topic, self.partition, failed.error
                 ));
                 return;
             }
-            Some(_) => self.flight.retry.failed(now_ms),
+            Some(_) => self.in_flight.retry.failed(now_ms),
         }
         match (event.delivery, event.failure) {
             (delivery @ (Delivery::Output { offset, .. } | Delivery::DeadLetter { offset, .. }), None) => {
@@ -664,7 +664,7 @@ impl<O: ServiceOperator> ManagedTask<Shared<'_>> for Task<O> {
                     self.metrics.outputs_acknowledged(1);
                 } else {
                     self.metrics.dead_letters_acknowledged(1);
-                    self.flight.dead_letters_in_flight = self.flight.dead_letters_in_flight.saturating_sub(1);
+                    self.in_flight.dead_letters_in_flight = self.in_flight.dead_letters_in_flight.saturating_sub(1);
                 }
                 // A dead letter is held like an output of its record.
                 self.acknowledge(
@@ -682,41 +682,41 @@ impl<O: ServiceOperator> ManagedTask<Shared<'_>> for Task<O> {
                     partition = self.partition, offset, error = %failed.error, topic = %failed.topic,
                     "record not delivered; sending it again"
                 );
-                self.flight.resend.push((delivery, failed));
+                self.in_flight.resend.push((delivery, failed));
             }
             (Delivery::BackupRecord { seq, .. }, failure) => {
                 if let Some(failed) = &failure {
                     tracing::warn!(partition = self.partition, seq, error = %failed.error, "backup record not delivered; the backup is retried");
                 }
-                self.flight.backup_record_done(seq, failure.is_some());
+                self.in_flight.backup_record_done(seq, failure.is_some());
             }
             (Delivery::Marker { seq, .. }, None) => {
-                self.flight.markers.done(seq, true);
+                self.in_flight.markers.done(seq, true);
                 self.acknowledge(shared, Ack::MarkerWritten(seq))
             }
             (Delivery::Marker { seq, .. }, Some(failed)) => {
-                self.flight.markers.done(seq, false);
+                self.in_flight.markers.done(seq, false);
                 tracing::warn!(partition = self.partition, seq, error = %failed.error, "marker not delivered; it is retried");
                 self.acknowledge(shared, Ack::MarkerFailed(seq));
             }
         }
-        self.settle(shared);
+        self.apply_immediate_acks(shared);
     }
 
-    fn begin_stop(&mut self, shared: &Shared<'_>) {
+    fn begin_stop(&mut self, shared: &TaskEnv<'_>) {
         self.before_stop = Some(self.driver.stats());
         let mut io = Self::io(
             shared,
             (self.partition, self.incarnation),
-            &mut self.flight,
+            &mut self.in_flight,
             &mut self.key,
             &mut self.value,
             RawRecords::NONE,
         );
         self.driver.begin_stop(&mut io);
-        self.settle(shared);
+        self.apply_immediate_acks(shared);
     }
-    fn resume(&mut self, shared: &Shared<'_>, end: u64) -> Result<(), ServiceError> {
+    fn resume(&mut self, shared: &TaskEnv<'_>, end: u64) -> Result<(), ServiceError> {
         let next_offset = self.next_offset();
         self.queue = own_queue(shared.consumer, &shared.topics.input, self.partition, next_offset)?;
         self.batch = InputBatch::new(next_offset);
