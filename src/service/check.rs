@@ -86,7 +86,7 @@ impl TaskPlan {
 
     /// Why input would wait after nearly every item, if it would.
     pub fn warning(&self) -> Option<String> {
-        let gamma = self.policy.for_failures(0).outputs;
+        let gamma = self.policy.for_failures(0).max_unacked;
         let beta = self.constants.beta;
         (gamma < 8 * beta).then(|| {
             format!(
@@ -113,8 +113,8 @@ fn row(out: &mut String, k: &str, t: TaskThresholds, bound: Option<ErrorBound>) 
         out,
         "  {k:<10} {:>14} {:>10} {:>10} {:>18} {:>18}",
         trim(&format!("{:.6}", t.theta)),
-        t.items,
-        t.outputs,
+        t.max_uncovered,
+        t.max_unacked,
         trim(&state),
         trim(&outputs)
     );
@@ -288,7 +288,7 @@ pub fn chain_bound(stages: &[&Config], partitions: usize) -> Result<f64, Service
         let later = (m - 1 - i) as i32;
         bound += tasks(p) * p.policy.limit(p.constants).state * beta.powi(later);
         if p.store_backed && config.pipeline.state_dir.is_some() {
-            let lost = 2.0 * p.policy.for_failures(0).outputs as f64;
+            let lost = 2.0 * p.policy.for_failures(0).max_unacked as f64;
             bound += tasks(p) * last.constants.alpha * lost * beta.powi(later - 1);
         }
     }
@@ -371,7 +371,7 @@ max_unacked = 800
         // Two tasks: Θ/2, L/2 and Γ/2 each, halved again before any failure.
         let plan = plan(&config, 2).expect("a plan");
         let first = plan.policy.for_failures(0);
-        assert_eq!((first.theta, first.items, first.outputs), (250.0, 100, 200));
+        assert_eq!((first.theta, first.max_uncovered, first.max_unacked), (250.0, 100, 200));
         let zero = text
             .lines()
             .find(|l| l.trim_start().starts_with("0 "))

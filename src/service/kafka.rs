@@ -409,9 +409,8 @@ pub struct Streamed {
 
 /// Changelog readers kept connected from one restore to the next. A new
 /// reader's first request opens its connections and reads the cluster's
-/// metadata: measured on the project's broker, three restores started side by
-/// side spent 0.35-0.8 s on it, then 0.4 s more reading 1 400-1 800 records,
-/// where a connected reader took 10 ms and 13 ms. The pool is filled in the
+/// metadata, which can take longer than reading a small changelog (measured
+/// in `docs/running.md`, restores). The pool is filled in the
 /// background when a pipeline starts, so a restarted process's restores find
 /// their readers connected; a restore that finds none opens one and leaves it
 /// here afterwards.

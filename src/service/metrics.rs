@@ -333,8 +333,8 @@ impl TaskMetrics {
         self.published_undecodable = undecodable;
         self.divergence.set(position.divergence);
         self.theta.set(position.thresholds.theta);
-        self.max_uncovered.set(position.thresholds.items as f64);
-        self.max_unacked.set(position.thresholds.outputs as f64);
+        self.max_uncovered.set(position.thresholds.max_uncovered as f64);
+        self.max_unacked.set(position.thresholds.max_unacked as f64);
         self.items_past_marker.set(position.items_past_marker as f64);
         self.unacknowledged_outputs.set(position.unacknowledged_outputs as f64);
         self.failures.set(position.failures as f64);

@@ -339,8 +339,8 @@ impl TaskController {
             next_expiry: u64::MAX,
             thresholds: TaskThresholds {
                 theta: 0.0,
-                items: 1,
-                outputs: 1,
+                max_uncovered: 1,
+                max_unacked: 1,
             },
             phase: Phase::Running,
             processed: start,
@@ -416,16 +416,16 @@ impl TaskController {
                 // Exact backups are complete (θ = 0); l is two intervals of items
                 // (what a replay may cover).
                 // crash during a backup may apply twice.
-                let items = interval.items.map_or(u64::MAX, |n| n.saturating_mul(2));
+                let max_uncovered = interval.items.map_or(u64::MAX, |n| n.saturating_mul(2));
                 TaskThresholds {
                     theta: 0.0,
-                    items,
-                    outputs: halved.outputs,
+                    max_uncovered,
+                    max_unacked: halved.max_unacked,
                 }
             }
             _ => halved,
         };
-        self.lead = self.thresholds.items.div_ceil(BACKUPS_PER_L).max(1);
+        self.lead = self.thresholds.max_uncovered.div_ceil(BACKUPS_PER_L).max(1);
     }
 
     pub fn thresholds(&self) -> TaskThresholds {
@@ -469,7 +469,7 @@ impl TaskController {
         if self.mode == Mode::None {
             return Ok(());
         }
-        if self.unacked_outputs + self.constants.beta > self.thresholds.outputs {
+        if self.unacked_outputs + self.constants.beta > self.thresholds.max_unacked {
             return Err(Blocked::Outputs);
         }
         Ok(())

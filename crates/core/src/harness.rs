@@ -170,7 +170,7 @@ pub fn independent_bound(config: &ControllerConfig, k: u32) -> (f64, u64) {
     };
     let later = config.policy.placement.stages - config.policy.placement.stage;
     let theta_split = global.theta / divisor / config.policy.placement.stage_fanout.powi(later as i32);
-    let items_split = global.items as f64 / divisor;
+    let items_split = global.max_uncovered as f64 / divisor;
     let halving = match config.policy.failures {
         FailurePolicy::Fixed => 1.0,
         FailurePolicy::Halving | FailurePolicy::Recovering { .. } => 2f64.powi(k as i32 + 1),
@@ -365,7 +365,7 @@ where
         if plan.source == ResumeSource::LocalStore {
             // The store is exact at its offset, written whatever outputs were
             // unacknowledged: at most γ, and γ never exceeds Γ/2.
-            let bound = self.config.policy.global.outputs.div_ceil(2);
+            let bound = self.config.policy.global.max_unacked.div_ceil(2);
             let lost = lost_before.len() as u64;
             if lost > bound {
                 self.report
@@ -454,7 +454,7 @@ where
         let plan = RecoveryPlan::local(
             &local.checkpoint,
             last_marker,
-            self.config.policy.for_failures(0).outputs,
+            self.config.policy.for_failures(0).max_unacked,
         );
         let now = self.broker.step;
         self.driver = TaskDriver::start(config, operator, &plan, Vec::new(), now, &mut self.broker)?;

@@ -108,8 +108,8 @@ impl BackupMarker {
         body.extend_from_slice(&self.input_offset.to_le_bytes());
         body.extend_from_slice(&self.failures.to_le_bytes());
         body.extend_from_slice(&self.thresholds.theta.to_le_bytes());
-        body.extend_from_slice(&self.thresholds.items.to_le_bytes());
-        body.extend_from_slice(&self.thresholds.outputs.to_le_bytes());
+        body.extend_from_slice(&self.thresholds.max_uncovered.to_le_bytes());
+        body.extend_from_slice(&self.thresholds.max_unacked.to_le_bytes());
         body.push(u8::from(self.clean));
         body.push(self.recent.len);
         for offset in self.recent.as_slice() {
@@ -136,8 +136,8 @@ impl BackupMarker {
             failures: reader.u32()?,
             thresholds: TaskThresholds {
                 theta: reader.f64()?,
-                items: reader.u64()?,
-                outputs: reader.u64()?,
+                max_uncovered: reader.u64()?,
+                max_unacked: reader.u64()?,
             },
             clean: match reader.u8()? {
                 0 => false,

@@ -48,13 +48,13 @@ pub struct GlobalThresholds {
     /// Θ: the most the state may diverge from its last backup.
     pub theta: f64,
     /// L: the most input items not covered by a backup and commit.
-    pub items: u64,
+    pub max_uncovered: u64,
     /// Γ: the most outputs sent and not acknowledged.
-    pub outputs: u64,
+    pub max_unacked: u64,
 }
 
 impl GlobalThresholds {
-    pub fn new(theta: f64, items: u64, outputs: u64) -> Result<Self, CoreError> {
+    pub fn new(theta: f64, max_uncovered: u64, max_unacked: u64) -> Result<Self, CoreError> {
         if theta.is_nan() {
             return Err(invalid("theta", theta, "NaN bounds nothing"));
         }
@@ -68,21 +68,25 @@ impl GlobalThresholds {
         if theta < 0.0 {
             return Err(invalid("theta", theta, "a divergence is never negative"));
         }
-        if items == 0 {
+        if max_uncovered == 0 {
             return Err(invalid(
-                "items (L)",
-                items,
+                "max_uncovered (L)",
+                max_uncovered,
                 "must be at least 1: the item being processed is never covered",
             ));
         }
-        if outputs == 0 {
+        if max_unacked == 0 {
             return Err(invalid(
-                "outputs (Γ)",
-                outputs,
+                "max_unacked (Γ)",
+                max_unacked,
                 "must be at least 1 or no output can be sent",
             ));
         }
-        Ok(GlobalThresholds { theta, items, outputs })
+        Ok(GlobalThresholds {
+            theta,
+            max_uncovered,
+            max_unacked,
+        })
     }
 }
 
@@ -97,9 +101,12 @@ fn invalid(name: &'static str, value: impl ToString, reason: &'static str) -> Co
 /// One task's thresholds at a moment.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TaskThresholds {
+    /// θ.
     pub theta: f64,
-    pub items: u64,
-    pub outputs: u64,
+    /// l.
+    pub max_uncovered: u64,
+    /// γ.
+    pub max_unacked: u64,
 }
 
 impl TaskThresholds {
@@ -109,7 +116,7 @@ impl TaskThresholds {
     pub fn failure_bound(&self, constants: AnalysisConstants) -> ErrorBound {
         ErrorBound {
             state: self.theta,
-            outputs: self.items.saturating_mul(constants.beta) as f64,
+            outputs: self.max_uncovered.saturating_mul(constants.beta) as f64,
         }
     }
 }
@@ -256,8 +263,8 @@ impl ThresholdPolicy {
         };
         if policy.split_outputs() < constants.beta as f64 {
             return Err(invalid(
-                "outputs (Γ)",
-                global.outputs,
+                "max_unacked (Γ)",
+                global.max_unacked,
                 "per task it must allow at least β outputs of one item in flight",
             ));
         }
@@ -278,11 +285,11 @@ impl ThresholdPolicy {
     }
 
     fn split_items(&self) -> f64 {
-        self.global.items as f64 / self.parallel_divisor()
+        self.global.max_uncovered as f64 / self.parallel_divisor()
     }
 
     fn split_outputs(&self) -> f64 {
-        self.global.outputs as f64 / self.parallel_divisor()
+        self.global.max_unacked as f64 / self.parallel_divisor()
     }
 
     /// The thresholds of a task that has recovered from `failures` failures.
@@ -295,8 +302,8 @@ impl ThresholdPolicy {
         };
         TaskThresholds {
             theta: self.split_theta() / divisor,
-            items: ((self.split_items() / divisor).floor() as u64).max(1),
-            outputs: ((self.split_outputs() / divisor).floor() as u64).max(self.min_outputs),
+            max_uncovered: ((self.split_items() / divisor).floor() as u64).max(1),
+            max_unacked: ((self.split_outputs() / divisor).floor() as u64).max(self.min_outputs),
         }
     }
 
@@ -387,9 +394,9 @@ mod tests {
         let p = policy(1024.0, 1024, 1024);
         assert_eq!(p.for_failures(0).theta, 512.0);
         assert_eq!(p.for_failures(1).theta, 256.0);
-        assert_eq!(p.for_failures(3).items, 64);
-        assert_eq!(p.for_failures(20).items, 1, "l floors at one item");
-        assert_eq!(p.for_failures(20).outputs, 1, "γ floors at β");
+        assert_eq!(p.for_failures(3).max_uncovered, 64);
+        assert_eq!(p.for_failures(20).max_uncovered, 1, "l floors at one item");
+        assert_eq!(p.for_failures(20).max_unacked, 1, "γ floors at β");
     }
 
     #[test]
@@ -457,7 +464,7 @@ mod tests {
         };
         let additive = ThresholdPolicy::new(global, FailurePolicy::Halving, placement, true, ONE).unwrap();
         assert_eq!(additive.for_failures(0).theta, 800.0 / 4.0 / 2.0 / 2.0);
-        assert_eq!(additive.for_failures(0).items, 100);
+        assert_eq!(additive.for_failures(0).max_uncovered, 100);
         let per_key = ThresholdPolicy::new(global, FailurePolicy::Halving, placement, false, ONE).unwrap();
         assert_eq!(per_key.for_failures(0).theta, 800.0 / 2.0 / 2.0);
         let last_stage = Placement { stage: 2, ..placement };
@@ -465,7 +472,7 @@ mod tests {
         assert_eq!(last.for_failures(0).theta, 400.0);
         let bad = Placement { stage: 3, ..placement };
         assert!(ThresholdPolicy::new(global, FailurePolicy::Halving, bad, false, ONE).is_err());
-        assert_eq!(additive.for_failures(0).outputs, 100, "Γ/n before halving");
+        assert_eq!(additive.for_failures(0).max_unacked, 100, "Γ/n before halving");
         for bad in [
             Placement { stage: 0, ..placement },
             Placement { stages: 0, ..placement },

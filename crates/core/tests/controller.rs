@@ -443,7 +443,7 @@ fn exact_mode_backs_up_completely_every_interval() {
     );
     let covered: Vec<u64> = markers(&actions).iter().map(|m| m.input_offset).collect();
     assert_eq!(covered, [3, 6], "each right behind its entries");
-    assert_eq!(c.thresholds().items, 6, "the window is two intervals");
+    assert_eq!(c.thresholds().max_uncovered, 6, "the window is two intervals");
 }
 
 #[test]

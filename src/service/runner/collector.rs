@@ -216,6 +216,25 @@ pub(super) fn send(
     }
 }
 
+/// Sends a failed output or dead letter again, as it was.
+pub(super) fn resend(
+    producer: &BaseProducer<DeliveryReports>,
+    delivery: Delivery,
+    failed: &FailedRecord,
+) -> Result<(), KafkaError> {
+    let mut record = BaseRecord::with_opaque_to(&failed.topic, delivery.pack());
+    if let Some(key) = &failed.key {
+        record = record.key(key.as_slice());
+    }
+    if let Some(value) = &failed.value {
+        record = record.payload(value.as_slice());
+    }
+    if let Some(headers) = &failed.headers {
+        record = record.headers(headers.clone());
+    }
+    send(producer, record)
+}
+
 /// A failed send, said for a log: a full queue is an outage.
 pub(super) fn send_failure(error: &KafkaError) -> String {
     if is_queue_full(error) {

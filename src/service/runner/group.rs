@@ -214,7 +214,7 @@ impl GroupContext {
                 Some((_, meta)) if local => RecoveryPlan::local(
                     &meta.checkpoint,
                     marker.as_ref(),
-                    self.controller.policy.for_failures(0).outputs,
+                    self.controller.policy.for_failures(0).max_unacked,
                 ),
                 _ => RecoveryPlan::decide(
                     self.controller.mode,

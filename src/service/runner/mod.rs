@@ -448,24 +448,9 @@ fn run_rounds<O: ServiceOperator>(
     // The partitions being handed off, to release when the manager is done.
     let mut handoff: Option<Revocation> = None;
     let mut worked = true;
-    let mut idle_rounds: u32 = 0;
+    let mut idle = IdleBackoff::default();
     loop {
-        // Nothing happened last round: back off from 100 µs to 5 ms, or to 200 µs
-        // while input waits on an acknowledgement, so that it resumes within a
-        // fraction of a millisecond of it (the producers' and the partitions'
-        // queues cannot be waited on together); an idle service wakes 200 times
-        // a second.
-        if worked {
-            idle_rounds = 0;
-        } else {
-            idle_rounds = idle_rounds.saturating_add(1);
-            let longest = if manager.awaiting() {
-                AWAIT_WAIT_MAX
-            } else {
-                IDLE_WAIT_MAX
-            };
-            std::thread::sleep(IDLE_WAIT_MIN.saturating_mul(1 << idle_rounds.min(6)).min(longest));
-        }
+        idle.after_round(worked, manager.awaiting());
         let now_ms = started.elapsed().as_millis() as u64;
         let message = consumer.poll(Duration::ZERO);
         if let Some(failure) = context.failure.lock().ok().and_then(|mut f| f.take()) {
@@ -475,14 +460,7 @@ fn run_rounds<O: ServiceOperator>(
         starter.start(shared, &mut manager, feedback.as_ref(), started, now_ms)?;
         // After the assignments: a partition assigned and then revoked within
         // one poll is started, then handed off.
-        if let Some(revocation) = context.revoking.lock().ok().and_then(|mut r| r.take()) {
-            manager.hand_off(shared, &revocation.partitions, now_ms);
-            match handoff.as_mut() {
-                Some(pending) => pending.add(revocation.partitions, &revocation.tpl),
-                None => handoff = Some(revocation),
-            }
-            worked = true;
-        }
+        worked |= revoking(shared, &mut manager, &mut handoff, now_ms);
         if let Some(reader) = feedback {
             worked |= reader.hand_to(shared, manager.active_mut());
         }
@@ -557,6 +535,48 @@ fn rebalanced<O: ServiceOperator>(
         worked = true;
     }
     Ok(worked)
+}
+
+/// How long the loop sleeps after rounds in which nothing happened: from
+/// 100 µs to 5 ms, or to 200 µs while input waits on an acknowledgement, so
+/// that it resumes within a fraction of a millisecond of it (the producers'
+/// and the partitions' queues cannot be waited on together); an idle service
+/// wakes 200 times a second.
+#[derive(Default)]
+struct IdleBackoff {
+    idle_rounds: u32,
+}
+
+impl IdleBackoff {
+    fn after_round(&mut self, worked: bool, awaiting: bool) {
+        if worked {
+            self.idle_rounds = 0;
+            return;
+        }
+        self.idle_rounds = self.idle_rounds.saturating_add(1);
+        let longest = if awaiting { AWAIT_WAIT_MAX } else { IDLE_WAIT_MAX };
+        std::thread::sleep(IDLE_WAIT_MIN.saturating_mul(1 << self.idle_rounds.min(6)).min(longest));
+    }
+}
+
+/// Partitions the group takes back cooperatively: their tasks begin their
+/// clean stop, and the partitions join the handoff. Whether there were any.
+fn revoking<O: ServiceOperator>(
+    shared: &TaskEnv<'_>,
+    manager: &mut TaskManager<Task<O>>,
+    handoff: &mut Option<Revocation>,
+    now_ms: u64,
+) -> bool {
+    let context = shared.consumer.context();
+    let Some(revocation) = context.revoking.lock().ok().and_then(|mut r| r.take()) else {
+        return false;
+    };
+    manager.hand_off(shared, &revocation.partitions, now_ms);
+    match handoff.as_mut() {
+        Some(pending) => pending.add(revocation.partitions, &revocation.tpl),
+        None => *handoff = Some(revocation),
+    }
+    true
 }
 
 /// Gives handed-off partitions back to the group once their tasks are gone.

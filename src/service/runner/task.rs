@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{BaseRecord, Producer};
+use rdkafka::producer::Producer;
 
 use crate::core::{
     Ack, BackupEntry, Blocked, ControllerConfig, DriverStats, MarkedState, Mode, ResumeSource, TaskDriver,
@@ -19,7 +19,7 @@ use crate::service::metrics::{TaskMetrics, TaskPosition};
 use crate::service::store::{StoreMeta, TaskStore};
 use crate::service::ServiceError;
 
-use super::collector::{is_queue_full, send, send_failure, send_to_changelog, InFlight, KafkaIo, OutputPositions};
+use super::collector::{is_queue_full, resend, send_failure, send_to_changelog, InFlight, KafkaIo, OutputPositions};
 use super::faults::injected_restore_failure;
 #[cfg(feature = "fault-injection")]
 use super::faults::{FAULT_SKIP_BACKUPS, FAULT_SLOW_TASK_START_MS};
@@ -283,8 +283,8 @@ impl<O: ServiceOperator> Task<O> {
                 bound_state = plan.introduced.state,
                 bound_outputs = plan.introduced.outputs,
                 theta = thresholds.theta,
-                max_uncovered = thresholds.items,
-                max_unacked = thresholds.outputs,
+                max_uncovered = thresholds.max_uncovered,
+                max_unacked = thresholds.max_unacked,
                 "recovered from a failure",
             );
         } else {
@@ -296,8 +296,8 @@ impl<O: ServiceOperator> Task<O> {
                 restored_records = restored_records,
                 changelog_end,
                 theta = thresholds.theta,
-                max_uncovered = thresholds.items,
-                max_unacked = thresholds.outputs,
+                max_uncovered = thresholds.max_uncovered,
+                max_unacked = thresholds.max_unacked,
                 "task started",
             );
         }
@@ -591,20 +591,10 @@ impl<O: ServiceOperator> ManagedTask<TaskEnv<'_>> for Task<O> {
         }
         let resent = !self.in_flight.resend.is_empty();
         for (delivery, failed) in std::mem::take(&mut self.in_flight.resend) {
-            let mut record = BaseRecord::with_opaque_to(&failed.topic, delivery.pack());
-            if let Some(key) = &failed.key {
-                record = record.key(key.as_slice());
-            }
-            if let Some(value) = &failed.value {
-                record = record.payload(value.as_slice());
-            }
-            if let Some(headers) = failed.headers {
-                record = record.headers(headers);
-            }
             if self.in_flight.fatal.is_some() {
                 break;
             }
-            if let Err(error) = send(shared.producer, record) {
+            if let Err(error) = resend(shared.producer, delivery, &failed) {
                 self.in_flight.fatal.get_or_insert(format!(
                     "sending a record to {} again: {}",
                     failed.topic,

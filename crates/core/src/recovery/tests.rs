@@ -54,8 +54,8 @@ fn marker(clean: bool) -> BackupMarker {
         failures: 2,
         thresholds: TaskThresholds {
             theta: 12.5,
-            items: 100,
-            outputs: 50,
+            max_uncovered: 100,
+            max_unacked: 50,
         },
         clean,
         recent: RecentFailures::default(),
