@@ -24,7 +24,7 @@ use crate::service::store::{StoreMeta, TaskStore};
 use crate::service::ServiceError;
 
 use super::manager::Parked;
-use super::{Assigned, Stores, REVOKE_FLUSH_TIMEOUT, START_OFFSET};
+use super::{Assigned, LocalStores, REVOKE_FLUSH_TIMEOUT, START_OFFSET};
 
 /// The longest a newly assigned partition waits for its previous owner to
 /// stop writing its changelog (see `ChangelogLoader::settled_marker`).
@@ -39,7 +39,7 @@ pub(super) struct GroupContext {
     pub(super) input_topic: String,
     pub(super) loader: ChangelogLoader,
     pub(super) controller: ControllerConfig,
-    pub(super) stores: Option<Stores>,
+    pub(super) stores: Option<LocalStores>,
     pub(super) assigned: Mutex<Vec<Assigned>>,
     /// Partitions revoked while the loop is over: dropped at once.
     pub(super) revoked: Mutex<Vec<i32>>,
@@ -96,7 +96,7 @@ impl GroupContext {
         config: &Config,
         loader: ChangelogLoader,
         controller: ControllerConfig,
-        stores: Option<Stores>,
+        stores: Option<LocalStores>,
         producers: [Arc<BaseProducer<DeliveryReports>>; 2],
     ) -> Self {
         GroupContext {
@@ -191,12 +191,12 @@ impl GroupContext {
                 None => None,
             };
             let (marker, store, local) = match local {
-                Some(LocalStore::Usable { store, meta }) => (
+                Some(OpenedStore::Usable { store, meta }) => (
                     marker.filter(|_| self.controller.mode != Mode::None),
                     Some((store, meta)),
                     true,
                 ),
-                Some(LocalStore::Fresh(store)) => (marker, Some((store, TaskStore::new_meta(0))), false),
+                Some(OpenedStore::Fresh(store)) => (marker, Some((store, TaskStore::new_meta(0))), false),
                 None => (marker, None, false),
             };
             let restore_seconds = settle_seconds + opening.elapsed().as_secs_f64();
@@ -256,26 +256,26 @@ impl GroupContext {
     /// changelog.
     pub(super) fn open_store(
         &self,
-        stores: &Stores,
+        stores: &LocalStores,
         partition: i32,
         marker: Option<&BackupMarker>,
-    ) -> Result<LocalStore, String> {
+    ) -> Result<OpenedStore, String> {
         let path = stores.root.join(format!("{}-{partition}", self.input_topic));
         let (store, meta) = TaskStore::open(&path, stores.budget).map_err(|e| e.to_string())?;
         let Some(meta) = meta else {
-            return Ok(LocalStore::Fresh(store));
+            return Ok(OpenedStore::Fresh(store));
         };
         let refused = if !meta.trusted_after_crash() {
             "the machine restarted since its last write"
         } else if self.controller.mode == Mode::None || marker.map(|m| m.writer) == Some(meta.store_id) {
-            return Ok(LocalStore::Usable { store, meta });
+            return Ok(OpenedStore::Usable { store, meta });
         } else {
             "the changelog's last marker is not this store's (the partition moved, or the store is older)"
         };
         tracing::info!(partition, path = %path.display(), reason = refused, "local store not used; restoring from the changelog");
         drop(store);
         let store = TaskStore::recreate(&path, stores.budget).map_err(|e| e.to_string())?;
-        Ok(LocalStore::Fresh(store))
+        Ok(OpenedStore::Fresh(store))
     }
 }
 
@@ -324,7 +324,7 @@ impl Revocation {
 }
 
 /// What a partition's local store offers a starting task.
-pub(super) enum LocalStore {
+pub(super) enum OpenedStore {
     /// Exact at its offset; the changelog's last marker is its own (in mode
     /// none, with no changelog, the store is all there is).
     Usable { store: TaskStore, meta: StoreMeta },

@@ -204,17 +204,17 @@ fn prepare_topics<O: ServiceOperator>(
 }
 
 /// Where the local stores of the pipeline's tasks live, and their budget.
-struct Stores {
+struct LocalStores {
     root: PathBuf,
     budget: StoreBudget,
 }
 
-impl Stores {
+impl LocalStores {
     /// The stores of an operator that keeps its state in one, with a state directory.
     fn of<O: ServiceOperator>(config: &Config) -> Option<Self> {
         let pipeline = &config.pipeline;
         match &pipeline.state_dir {
-            Some(dir) if O::STORE_BACKED => Some(Stores {
+            Some(dir) if O::STORE_BACKED => Some(LocalStores {
                 root: dir.join(&config.kafka.group_id),
                 budget: StoreBudget {
                     cache_bytes: pipeline.store.cache_mib << 20,
@@ -377,7 +377,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         config,
         ChangelogLoader::new(kafka, &topics.changelog)?,
         controller,
-        Stores::of::<O>(config),
+        LocalStores::of::<O>(config),
         [Arc::clone(&producer), Arc::clone(&changelog_producer)],
     );
     let consumer = Arc::new(group_consumer(kafka, config.metrics.is_some(), context)?);
