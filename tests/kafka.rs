@@ -548,6 +548,73 @@ fn metrics_show_progress_thresholds_and_starts() {
     assert!(status.success(), "clean stop failed ({status})");
 }
 
+/// A real Prometheus, with the shipped scrape config and alert rules, finds
+/// every per-task series the dashboard and the alerts read.
+#[test]
+fn prometheus_with_the_shipped_config_scrapes_every_per_task_series() {
+    let dir = test_dir("prometheus");
+    let broker = Broker::start(&dir);
+    let p = pipeline(
+        &dir,
+        &broker,
+        "prometheus",
+        "text",
+        &word_count_operator(),
+        (1000.0, 1000, 1000),
+    );
+    let port = common::free_port();
+    let mut config = std::fs::read_to_string(&p.config).expect("the config");
+    config.push_str(&format!("\n[metrics]\naddress = \"127.0.0.1:{port}\"\n"));
+    std::fs::write(&p.config, config).expect("write the config");
+    let lines = text_records(3000, 23);
+    produce(&broker.kafka(), &p.input, 1, &lines).expect("produce the lines");
+    let service = Service::start(&p.config, &dir.join("run.log"), false);
+    let mut prometheus = common::Prometheus::start(&dir, port);
+    prometheus.wait_until(RUN_DEADLINE, "every item counted in Prometheus", |prom| {
+        prom.query("afstream_items_processed_total")
+            .iter()
+            .map(|(_, v)| v)
+            .sum::<f64>()
+            == 3000.0
+    });
+    // librdkafka's statistics come every 5 s; the others with the first scrape.
+    prometheus.wait_until(RUN_DEADLINE, "afstream_consumer_lag in Prometheus", |prom| {
+        !prom.query("afstream_consumer_lag").is_empty()
+    });
+    for name in [
+        "afstream_divergence",
+        "afstream_theta",
+        "afstream_max_uncovered",
+        "afstream_max_unacked",
+        "afstream_items_past_marker",
+        "afstream_backups_total",
+        "afstream_recoveries_total",
+        "afstream_recovery_error_bound",
+        "afstream_failures",
+        "afstream_consumer_lag",
+    ] {
+        let series = prometheus.query(name);
+        assert!(
+            series.iter().any(|(labels, _)| {
+                labels.get("partition").map(String::as_str) == Some("0") && labels.get("group") == Some(&p.group)
+            }),
+            "{name}: no series of partition 0 of group {}: {series:?}",
+            p.group
+        );
+    }
+    assert_eq!(prometheus.query("afstream_theta")[0].1, 500.0, "θ = Θ/2 on one task");
+    let rules = prometheus.get("/api/v1/rules").expect("the rules");
+    for alert in [
+        "AfstreamTaskStalled",
+        "AfstreamRecoveryBoundNearBudget",
+        "AfstreamDeadLetters",
+    ] {
+        assert!(rules.to_string().contains(alert), "{alert} not loaded: {rules}");
+    }
+    let status = service.terminate(Duration::from_secs(60));
+    assert!(status.success(), "clean stop failed ({status})");
+}
+
 /// Gives the pipeline a state directory, so WordCount keeps its counts in a
 /// RocksDB store per partition with at most `resident_keys` clean words in memory.
 fn with_local_state(p: &Pipeline, resident_keys: usize) -> PathBuf {

@@ -511,3 +511,100 @@ fault_tolerance = {{ mode = "approximate", theta = 1.0, max_uncovered = 300, max
     );
     std::fs::write(path, config).expect("write the learner's config");
 }
+
+/// A Prometheus server (Debian's `prometheus`, which `scripts/prerequisites`
+/// installs) scraping one afstream instance with the shipped scrape config
+/// and alert rules, its target rewritten to the instance's metrics port.
+pub struct Prometheus {
+    child: Child,
+    port: u16,
+}
+
+impl Prometheus {
+    pub fn start(dir: &Path, metrics_port: u16) -> Self {
+        let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/monitoring");
+        let config = std::fs::read_to_string(shipped.join("prometheus.yml")).expect("the shipped prometheus.yml");
+        let config = config
+            .replace("word-count:9464", &format!("127.0.0.1:{metrics_port}"))
+            .replace("scrape_interval: 5s", "scrape_interval: 1s")
+            .replace("evaluation_interval: 5s", "evaluation_interval: 1s");
+        assert!(
+            config.contains(&format!("127.0.0.1:{metrics_port}")),
+            "the target was not rewritten"
+        );
+        let home = dir.join("prometheus");
+        std::fs::create_dir_all(&home).expect("prometheus's directory");
+        std::fs::write(home.join("prometheus.yml"), config).expect("write prometheus.yml");
+        std::fs::copy(shipped.join("alerts.yml"), home.join("alerts.yml")).expect("copy alerts.yml");
+        let port = free_port();
+        let log = std::fs::File::create(home.join("prometheus.log")).expect("prometheus's log");
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", home.join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", home.join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(log.try_clone().expect("the log"))
+            .stderr(log)
+            .spawn()
+            .expect("start prometheus (scripts/prerequisites installs Debian's prometheus)");
+        Prometheus { child, port }
+    }
+
+    /// A GET of Prometheus's HTTP API, parsed; `None` while it does not answer.
+    pub fn get(&self, path_and_query: &str) -> Option<serde_json::Value> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        let request = format!("GET {path_and_query} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        let (head, body) = response.split_once("\r\n\r\n")?;
+        // A chunked body (Go's default without a length) is one chunk here.
+        let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+            body.split_once("\r\n").map(|(_, rest)| rest).unwrap_or(body)
+        } else {
+            body
+        };
+        let end = body.rfind('}')?;
+        serde_json::from_str(&body[..=end]).ok()
+    }
+
+    /// The samples of an instant query: each series' labels and value.
+    pub fn query(&self, expr: &str) -> Vec<(HashMap<String, String>, f64)> {
+        let Some(answer) = self.get(&format!("/api/v1/query?query={expr}")) else {
+            return Vec::new();
+        };
+        let results = answer["data"]["result"].as_array().cloned().unwrap_or_default();
+        results
+            .iter()
+            .filter_map(|series| {
+                let labels = series["metric"]
+                    .as_object()?
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                    .collect();
+                let value = series["value"][1].as_str()?.parse().ok()?;
+                Some((labels, value))
+            })
+            .collect()
+    }
+
+    /// Waits until `ready` holds, asking again every 200 ms.
+    pub fn wait_until(&mut self, within: Duration, what: &str, mut ready: impl FnMut(&Self) -> bool) {
+        let deadline = Instant::now() + within;
+        while !ready(self) {
+            if let Some(status) = self.child.try_wait().expect("poll prometheus") {
+                panic!("prometheus exited ({status}) while waiting for {what}");
+            }
+            assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
