@@ -549,7 +549,9 @@ fn metrics_show_progress_thresholds_and_starts() {
 }
 
 /// A real Prometheus, with the shipped scrape config and alert rules, finds
-/// every per-task series the dashboard and the alerts read.
+/// every per-task series the dashboard and the alerts read, and after a
+/// SIGKILL and a restart every panel's query answers and the recoveries
+/// panel shows the recovery.
 #[test]
 fn prometheus_with_the_shipped_config_scrapes_every_per_task_series() {
     let dir = test_dir("prometheus");
@@ -611,6 +613,49 @@ fn prometheus_with_the_shipped_config_scrapes_every_per_task_series() {
     ] {
         assert!(rules.to_string().contains(alert), "{alert} not loaded: {rules}");
     }
+    // A SIGKILL and a restart: the restarted task recovers from its last
+    // marker, which every panel must be able to show.
+    service.kill();
+    let service = Service::start(&p.config, &dir.join("restarted.log"), false);
+    prometheus.wait_until(RUN_DEADLINE, "the recovery in Prometheus", |prom| {
+        prom.query("afstream_failures").iter().any(|(_, k)| *k == 1.0)
+    });
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/monitoring/grafana/dashboards/afstream.json"),
+        )
+        .expect("the dashboard"),
+    )
+    .expect("the dashboard is JSON");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    for panel in panels {
+        let title = panel["title"].as_str().unwrap_or("?");
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().expect("a query").replace("$group", &p.group);
+            // Broker errors appear with the first error of each kind.
+            if expr.contains("afstream_broker_errors_total") {
+                continue;
+            }
+            prometheus.wait_until(RUN_DEADLINE, &format!("panel {title:?}: {expr}"), |prom| {
+                !prom.query(&expr).is_empty()
+            });
+        }
+    }
+    // The recoveries panel moves with the recovery (a query of the counter's
+    // increase did not: each series is born at its first start).
+    let recoveries = panels
+        .iter()
+        .find(|panel| panel["title"] == "Recoveries")
+        .and_then(|panel| panel["targets"][0]["expr"].as_str())
+        .expect("the Recoveries panel")
+        .replace("$group", &p.group);
+    let shown = prometheus.query(&recoveries);
+    assert!(
+        shown
+            .iter()
+            .any(|(labels, n)| labels.get("failure").map(String::as_str) == Some("true") && *n >= 1.0),
+        "the Recoveries panel does not show the recovery: {shown:?}"
+    );
     let status = service.terminate(Duration::from_secs(60));
     assert!(status.success(), "clean stop failed ({status})");
 }

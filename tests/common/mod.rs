@@ -571,7 +571,14 @@ impl Prometheus {
 
     /// The samples of an instant query: each series' labels and value.
     pub fn query(&self, expr: &str) -> Vec<(HashMap<String, String>, f64)> {
-        let Some(answer) = self.get(&format!("/api/v1/query?query={expr}")) else {
+        let encoded: String = expr
+            .bytes()
+            .map(|b| match b {
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let Some(answer) = self.get(&format!("/api/v1/query?query={encoded}")) else {
             return Vec::new();
         };
         let results = answer["data"]["result"].as_array().cloned().unwrap_or_default();
