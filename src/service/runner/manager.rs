@@ -176,8 +176,8 @@ impl<T> TaskManager<T> {
         self.first_assignment_ms
     }
 
-    #[cfg(test)]
     /// Partitions are being handed off.
+    #[cfg(test)]
     pub(super) fn is_handing_off(&self) -> bool {
         self.handoff.is_some()
     }
@@ -194,9 +194,11 @@ impl<T> TaskManager<T> {
     where
         T: ManagedTask<E>,
     {
-        env.reports(&mut self.reports);
-        let any = !self.reports.is_empty();
-        for event in std::mem::take(&mut self.reports) {
+        // The buffer is kept between rounds (taken out while the tasks are borrowed).
+        let mut reports = std::mem::take(&mut self.reports);
+        env.reports(&mut reports);
+        let any = !reports.is_empty();
+        for event in reports.drain(..) {
             let sender = event.delivery.task();
             if let Some(task) = self.active.values_mut().find(|t| t.incarnation() == sender) {
                 task.delivered(env, event, now_ms);
@@ -205,6 +207,7 @@ impl<T> TaskManager<T> {
             }
             // Otherwise its task is gone: nothing waits on it.
         }
+        self.reports = reports;
         any
     }
 
