@@ -479,24 +479,24 @@ fn a_restart_inside_a_produced_batch_gets_every_record_after_it() {
     }
 }
 
-#[test]
-fn metrics_show_progress_thresholds_and_starts() {
-    let dir = test_dir("metrics");
-    let broker = Broker::start(&dir);
-    let p = pipeline(
-        &dir,
-        &broker,
-        "metrics",
-        "text",
-        &word_count_operator(),
-        (1000.0, 1000, 1000),
-    );
+/// A WordCount pipeline (Θ, L, Γ = 1000) serving its metrics on a free port,
+/// with 3 000 lines in its input: the pipeline, the port and the lines.
+fn word_count_serving_metrics(dir: &Path, broker: &Broker, name: &str, seed: u64) -> (Pipeline, u16, Vec<InputRecord>) {
+    let p = pipeline(dir, broker, name, "text", &word_count_operator(), (1000.0, 1000, 1000));
     let port = common::free_port();
     let mut config = std::fs::read_to_string(&p.config).expect("the config");
     config.push_str(&format!("\n[metrics]\naddress = \"127.0.0.1:{port}\"\n"));
     std::fs::write(&p.config, config).expect("write the config");
-    let lines = text_records(3000, 19);
+    let lines = text_records(3000, seed);
     produce(&broker.kafka(), &p.input, 1, &lines).expect("produce the lines");
+    (p, port, lines)
+}
+
+#[test]
+fn metrics_show_progress_thresholds_and_starts() {
+    let dir = test_dir("metrics");
+    let broker = Broker::start(&dir);
+    let (p, port, lines) = word_count_serving_metrics(&dir, &broker, "metrics", 19);
 
     let mut service = Service::start(&p.config, &dir.join("run.log"), false);
     let processed = |text: &str| common::metric(text, "afstream_items_processed_total", &[]);
@@ -556,20 +556,7 @@ fn metrics_show_progress_thresholds_and_starts() {
 fn prometheus_with_the_shipped_config_scrapes_every_per_task_series() {
     let dir = test_dir("prometheus");
     let broker = Broker::start(&dir);
-    let p = pipeline(
-        &dir,
-        &broker,
-        "prometheus",
-        "text",
-        &word_count_operator(),
-        (1000.0, 1000, 1000),
-    );
-    let port = common::free_port();
-    let mut config = std::fs::read_to_string(&p.config).expect("the config");
-    config.push_str(&format!("\n[metrics]\naddress = \"127.0.0.1:{port}\"\n"));
-    std::fs::write(&p.config, config).expect("write the config");
-    let lines = text_records(3000, 23);
-    produce(&broker.kafka(), &p.input, 1, &lines).expect("produce the lines");
+    let (p, port, _) = word_count_serving_metrics(&dir, &broker, "prometheus", 23);
     let service = Service::start(&p.config, &dir.join("run.log"), false);
     let mut prometheus = common::Prometheus::start(&dir, port);
     prometheus.wait_until(RUN_DEADLINE, "every item counted in Prometheus", |prom| {
