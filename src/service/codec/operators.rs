@@ -9,6 +9,13 @@ fn non_negative(field: &str, value: i64) -> Result<u64, String> {
     u64::try_from(value).map_err(|_| format!("`{field}` = {value}: must not be negative"))
 }
 
+/// A text line into the input the task reuses (the operators that read lines).
+fn read_line(text: &str, line: &mut String) -> Result<(), String> {
+    line.clear();
+    line.push_str(text);
+    Ok(())
+}
+
 impl ServiceOperator for WordCount {
     type Config = WordCountConfig;
     const STORE_BACKED: bool = true;
@@ -29,15 +36,11 @@ impl ServiceOperator for WordCount {
     }
 
     fn from_record(record: TextLineRecord<'_>, line: &mut String) -> Result<(), String> {
-        line.clear();
-        line.push_str(&record.line);
-        Ok(())
+        read_line(&record.line, line)
     }
 
     fn from_text(_key: Option<&[u8]>, value: &[u8], line: &mut String) -> Result<(), String> {
-        line.clear();
-        line.push_str(utf8(value)?);
-        Ok(())
+        read_line(utf8(value)?, line)
     }
 
     fn input_text(record: &TextLineRecord<'_>) -> Option<Vec<u8>> {
@@ -192,15 +195,11 @@ impl ServiceOperator for Grep {
     }
 
     fn from_record(record: TextLineRecord<'_>, line: &mut String) -> Result<(), String> {
-        line.clear();
-        line.push_str(&record.line);
-        Ok(())
+        read_line(&record.line, line)
     }
 
     fn from_text(_key: Option<&[u8]>, value: &[u8], line: &mut String) -> Result<(), String> {
-        line.clear();
-        line.push_str(utf8(value)?);
-        Ok(())
+        read_line(utf8(value)?, line)
     }
 
     fn input_text(record: &TextLineRecord<'_>) -> Option<Vec<u8>> {
@@ -451,15 +450,11 @@ impl ServiceOperator for Tokenize {
     }
 
     fn from_record(record: TextLineRecord<'_>, line: &mut String) -> Result<(), String> {
-        line.clear();
-        line.push_str(&record.line);
-        Ok(())
+        read_line(&record.line, line)
     }
 
     fn from_text(_key: Option<&[u8]>, value: &[u8], line: &mut String) -> Result<(), String> {
-        line.clear();
-        line.push_str(utf8(value)?);
-        Ok(())
+        read_line(utf8(value)?, line)
     }
 
     fn input_text(record: &TextLineRecord<'_>) -> Option<Vec<u8>> {

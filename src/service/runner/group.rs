@@ -290,22 +290,17 @@ impl Drop for ClosingGuard<'_> {
 
 /// Partitions revoked by a rebalance, waiting for their tasks' clean stop.
 pub(super) struct Revocation {
-    pub(super) partitions: Vec<i32>,
     pub(super) tpl: TopicPartitionList,
     pub(super) cooperative: bool,
 }
 
 impl Revocation {
-    pub(super) fn new(partitions: Vec<i32>, tpl: TopicPartitionList, cooperative: bool) -> Self {
-        Revocation {
-            partitions,
-            tpl,
-            cooperative,
-        }
+    pub(super) fn partitions(&self) -> Vec<i32> {
+        partition_list(&self.tpl)
     }
 
-    pub(super) fn add(&mut self, partitions: Vec<i32>, tpl: &TopicPartitionList) {
-        self.partitions.extend(partitions);
+    /// Joins a later revocation's partitions to this one.
+    pub(super) fn add(&mut self, tpl: &TopicPartitionList) {
         for element in tpl.elements() {
             let _ = self
                 .tpl
@@ -349,11 +344,15 @@ impl ConsumerContext for GroupContext {
                 // tasks cleanly (final complete backup, clean marker), so the next
                 // owner resumes exactly and counts no failure, then releases them.
                 if let Ok(mut revoking) = self.revoking.lock() {
-                    let partitions = tpl.elements().iter().map(|e| e.partition()).collect();
                     let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
                     match revoking.as_mut() {
-                        Some(pending) => pending.add(partitions, tpl),
-                        None => *revoking = Some(Revocation::new(partitions, tpl.clone(), cooperative)),
+                        Some(pending) => pending.add(tpl),
+                        None => {
+                            *revoking = Some(Revocation {
+                                tpl: tpl.clone(),
+                                cooperative,
+                            })
+                        }
                     }
                 }
             }

@@ -571,9 +571,9 @@ fn revoking<O: ServiceOperator>(
     let Some(revocation) = context.revoking.lock().ok().and_then(|mut r| r.take()) else {
         return false;
     };
-    manager.hand_off(shared, &revocation.partitions, now_ms);
+    manager.hand_off(shared, &revocation.partitions(), now_ms);
     match handoff.as_mut() {
-        Some(pending) => pending.add(revocation.partitions, &revocation.tpl),
+        Some(pending) => pending.add(&revocation.tpl),
         None => *handoff = Some(revocation),
     }
     true
