@@ -1388,6 +1388,142 @@ fn the_partitions_of_a_killed_instance_move_to_the_other_within_the_bound() {
     assert!(error <= recoveries[0].bound_state + 1e-9);
 }
 
+/// Produces `lines` more lines to the pipeline's two partitions, and adds
+/// them to `all`.
+fn produce_more(broker: &Broker, p: &Pipeline, all: &mut Vec<InputRecord>, lines: usize, seed: u64) {
+    let more = keyed_word_lines(lines, seed);
+    produce(&broker.kafka(), &p.input, 2, &more).expect("produce the lines");
+    all.extend(more);
+}
+
+#[test]
+fn a_zombie_owners_late_changelog_writes_are_left_out_and_the_state_stays_within_the_bound() {
+    let dir = test_dir("wc-zombie");
+    let broker = Broker::start(&dir);
+    let thresholds = (400.0, 400, 2000);
+    let (p, mut lines) = keyed_pipeline_on_two_partitions(&dir, &broker, "wc-zombie", thresholds, 43);
+    let hold = dir.join("hold-changelog");
+    let hold_path = hold.to_str().expect("a UTF-8 path").to_string();
+    let fault = [("AFSTREAM_FAULT_HOLD_CHANGELOG", hold_path.as_str())];
+    let words = |lines: &[InputRecord]| lines.len() as i64 * 5;
+
+    let mut first = Service::start(&p.config, &dir.join("first.log"), false);
+    first.wait_until(RUN_DEADLINE, "outputs of the first instance", || {
+        broker.record_count(&p.output) > 3_000
+    });
+    let mut second = Service::start_with_env(&p.config, &dir.join("second.log"), false, &fault);
+    let second_log = second.log.clone();
+    second.wait_until(RUN_DEADLINE, "a partition handed to the second instance", || {
+        !log_lines(&second_log, "task started").is_empty()
+    });
+    second.wait_until(RUN_DEADLINE, "every output so far", || {
+        broker.record_count(&p.output) >= words(&lines)
+    });
+    // From here the second instance's changelog writes stay in the process,
+    // as a stalled owner's queued writes do, while it takes more input.
+    std::fs::write(&hold, b"").expect("create the hold file");
+    produce_more(&broker, &p, &mut lines, 4_000, 44);
+    second.wait_until(RUN_DEADLINE, "outputs of the new input", || {
+        broker.record_count(&p.output) >= words(&lines) - 2_000
+    });
+    // Stalled past its session: the group gives its partition to the first.
+    second.signal("STOP");
+    let first_log = first.log.clone();
+    first.wait_until(
+        RUN_DEADLINE,
+        "the first instance to take the stalled one's partition",
+        || !log_lines(&first_log, "recovered from a failure").is_empty(),
+    );
+    produce_more(&broker, &p, &mut lines, 4_000, 45);
+    first.wait_until(RUN_DEADLINE, "the first instance to process the new input", || {
+        broker.record_count(&p.output) >= words(&lines)
+    });
+    // The stalled owner wakes up: its held writes land behind the new owner's.
+    std::fs::remove_file(&hold).expect("remove the hold file");
+    second.signal("CONT");
+    second.wait_until(RUN_DEADLINE, "the held changelog records to go out", || {
+        !log_lines(&second_log, "releasing the changelog records held back").is_empty()
+    });
+    // The first instance stops cleanly; the second restores both partitions
+    // from changelogs that hold its own late writes.
+    let status = first.terminate(RUN_DEADLINE);
+    assert!(status.success(), "clean stop failed ({status})");
+    // Every word again, counted on the restored states.
+    produce_more(&broker, &p, &mut lines, 8_000, 46);
+    second.wait_until(RUN_DEADLINE, "every output", || {
+        broker.record_count(&p.output) >= words(&lines)
+    });
+    let status = second.terminate(RUN_DEADLINE);
+    assert!(status.success(), "clean stop failed ({status})");
+    // Replays repeat outputs, so the count above may be reached early.
+    let last = run_to_end(&p, "last.log");
+    assert!(log_lines(&last.log, "recovered from a failure").is_empty());
+
+    let exact = exact_word_counts(&lines);
+    let failures: usize = [&first_log, &second_log]
+        .iter()
+        .map(|log| log_lines(log, "recovered from a failure").len())
+        .sum();
+    assert!(failures >= 1, "the stalled instance's partition was recovered");
+    // Θ split over the two partitions, halved once at the start: a failure
+    // adds at most Θ/4 to a partition's counts (less after the first).
+    let bound = failures as f64 * thresholds.0 / 4.0;
+    for (what, counts) in [
+        ("changelog", changelog_counts(&broker, &p)),
+        ("output", output_counts(&broker, &p.output)),
+    ] {
+        let error = l1_error(&counts, &exact);
+        assert!(
+            error <= bound,
+            "{what} counts: L1 error {error} over {bound} ({failures} failures); second instance:\n{}",
+            common::tail(&second_log)
+        );
+    }
+    assert!(
+        !log_lines(&second_log, "left out and their keys written again").is_empty(),
+        "the late writes were left out of a restore:\n{}",
+        common::tail(&second_log)
+    );
+}
+
+#[test]
+fn a_restore_longer_than_the_poll_interval_keeps_the_member_in_the_group() {
+    let dir = test_dir("wc-slow-restore");
+    let broker = Broker::start(&dir);
+    let thresholds = (400.0, 400, 2000);
+    let (p, lines) = keyed_pipeline_on_two_partitions(&dir, &broker, "wc-slow-restore", thresholds, 47);
+    // The consumer must poll every 7 s (at least its 6 s session); each
+    // task takes 12 s to restore.
+    let config = std::fs::read_to_string(&p.config).expect("read the config");
+    let config = config.replace(
+        r#""consumer.fetch.wait.max.ms" = "10""#,
+        r#""consumer.fetch.wait.max.ms" = "10", "consumer.max.poll.interval.ms" = "7000""#,
+    );
+    assert!(config.contains("max.poll.interval.ms"), "the property is set");
+    std::fs::write(&p.config, config).expect("write the config");
+    let slow = [("AFSTREAM_FAULT_SLOW_TASK_START_MS", "12000")];
+    let mut service = Service::start_with_env(&p.config, &dir.join("slow.log"), true, &slow);
+    let status = service.wait(RUN_DEADLINE, "processing the input to its end");
+    let log = service.log.clone();
+    assert!(
+        status.success(),
+        "afstream run failed ({status}):\n{}",
+        common::tail(&log)
+    );
+    assert!(
+        log_lines(&log, "maximum poll interval").is_empty(),
+        "the member left the group while its tasks restored:\n{}",
+        common::tail(&log)
+    );
+    assert_eq!(
+        log_lines(&log, "task started").len(),
+        2,
+        "each partition restored once:\n{}",
+        common::tail(&log)
+    );
+    assert_eq!(changelog_counts(&broker, &p), exact_word_counts(&lines));
+}
+
 #[test]
 fn keyed_sums_on_local_stores_are_exact_after_a_sigkill_and_refused_records_are_dead_lettered() {
     let dir = test_dir("keyed-sum");

@@ -41,6 +41,12 @@ impl ClientRole {
 fn client_config(kafka: &KafkaConfig, role: ClientRole, defaults: &[(&str, &str)]) -> ClientConfig {
     let mut config = ClientConfig::new();
     config.set("bootstrap.servers", &kafka.bootstrap_servers);
+    if role == ClientRole::Consumer {
+        // Only the group consumer joins a group, but librdkafka checks every
+        // consumer's properties against it (`max.poll.interval.ms` may not
+        // be below it): each gets the member's.
+        config.set(SESSION_TIMEOUT.0, SESSION_TIMEOUT.1);
+    }
     for (key, value) in defaults {
         config.set(*key, *value);
     }
@@ -79,6 +85,10 @@ pub fn assigned_reader(kafka: &KafkaConfig, group: &str, report_ends: bool) -> R
     .create()
 }
 
+/// The member's session: a member that crashed is out of the group (and its
+/// partitions move) this long after its last heartbeat.
+const SESSION_TIMEOUT: (&str, &str) = ("session.timeout.ms", "6000");
+
 /// The member's consumer of the input topic. The group's offset follows
 /// acknowledged markers: the tasks store offsets and librdkafka commits them
 /// in the background (nothing waits on a commit).
@@ -98,7 +108,6 @@ pub fn group_consumer<C: ConsumerContext>(
             // Incremental rebalances: only the partitions that move stop (and
             // are handed off); the others run on.
             ("partition.assignment.strategy", "cooperative-sticky"),
-            ("session.timeout.ms", "6000"),
             ("heartbeat.interval.ms", "1500"),
             // Consumer lag for the metrics; parsed only when they are served.
             ("statistics.interval.ms", if statistics { "5000" } else { "0" }),
@@ -213,6 +222,14 @@ mod tests {
         let admin = client_config(&kafka, ClientRole::Admin, &[]);
         assert_eq!((admin.get("fetch.wait.max.ms"), admin.get("linger.ms")), (None, None));
         assert_eq!(admin.get("bootstrap.servers"), Some("broker:9092"));
+    }
+
+    #[test]
+    fn a_poll_interval_under_librdkafkas_default_session_is_taken_by_every_consumer() {
+        let kafka = user(&[("consumer.max.poll.interval.ms", "7000")]);
+        assert!(metadata_client(&kafka).is_ok());
+        assert!(assigned_reader(&kafka, "g", true).is_ok());
+        assert!(group_consumer(&kafka, false, rdkafka::consumer::DefaultConsumerContext).is_ok());
     }
 
     #[test]

@@ -42,8 +42,8 @@ pub mod schemas {
 
 /// An operator the service can run: how it is built, how a record becomes its
 /// input and how its output becomes a record.
-pub trait ServiceOperator: Operator + Send + Sized {
-    type Config: Clone + Sync;
+pub trait ServiceOperator: Operator + Send + Sized + 'static {
+    type Config: Clone + Send + Sync + 'static;
 
     /// Whether the operator keeps its keyed state in a local store when the
     /// pipeline has a state directory (small states stay in memory and recover

@@ -15,6 +15,8 @@ use rdkafka::producer::{DeliveryResult, ProducerContext};
 /// that was revoked, lost or restarted since is nobody's: its sequences and
 /// offsets mean nothing to the task that owns the partition now. Wraps after
 /// 65 536 starts, long after any report of a run could still arrive.
+/// Process-local: the changelog numbers a partition's runs across processes
+/// with the incarnation in its sequences ([`crate::core::fence`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TaskIncarnation(pub u16);
 
@@ -41,20 +43,35 @@ pub enum Delivery {
 }
 
 const VALUE_BITS: u32 = 46;
+const COUNTER_MASK: u64 = (1 << crate::core::fence::COUNTER_BITS) - 1;
 const TASK_BITS: u32 = 16;
 
 impl Delivery {
     /// The largest offset or sequence number that packs.
     pub const MAX_VALUE: u64 = (1 << VALUE_BITS) - 1;
 
+    /// A changelog record's sequence packs as its place within its
+    /// incarnation ([`crate::core::fence`]): [`Delivery::in_incarnation_of`]
+    /// gives it back its incarnation.
     pub fn pack(self) -> usize {
         let (kind, task, value) = match self {
             Delivery::Output { task, offset } => (0u64, task, offset),
-            Delivery::BackupRecord { task, seq } => (1, task, seq),
-            Delivery::Marker { task, seq } => (2, task, seq),
+            Delivery::BackupRecord { task, seq } => (1, task, seq & COUNTER_MASK),
+            Delivery::Marker { task, seq } => (2, task, seq & COUNTER_MASK),
             Delivery::DeadLetter { task, offset } => (3, task, offset),
         };
         ((kind << (VALUE_BITS + TASK_BITS)) | (u64::from(task.0) << VALUE_BITS) | (value & Self::MAX_VALUE)) as usize
+    }
+
+    /// The delivery with a changelog record's sequence in the incarnation of
+    /// `seq`: that of the task the report reached, which sent it.
+    pub fn in_incarnation_of(self, seq: u64) -> Self {
+        let full = |of: u64| (seq & !COUNTER_MASK) | (of & COUNTER_MASK);
+        match self {
+            Delivery::BackupRecord { task, seq: of } => Delivery::BackupRecord { task, seq: full(of) },
+            Delivery::Marker { task, seq: of } => Delivery::Marker { task, seq: full(of) },
+            other => other,
+        }
     }
 
     /// The task incarnation that sent the record.
@@ -193,5 +210,18 @@ mod tests {
         ] {
             assert_eq!(Delivery::unpack(delivery.pack()), delivery);
         }
+    }
+
+    #[test]
+    fn a_changelog_sequence_of_any_incarnation_comes_back_whole() {
+        let shift = crate::core::fence::COUNTER_BITS;
+        let seq = (5_000_000 << shift) | 77;
+        let task = TaskIncarnation(4);
+        for delivery in [Delivery::BackupRecord { task, seq }, Delivery::Marker { task, seq }] {
+            let reported = Delivery::unpack(delivery.pack());
+            assert_eq!(reported.in_incarnation_of((5_000_000 << shift) | 3), delivery);
+        }
+        let output = Delivery::Output { task, offset: 12 };
+        assert_eq!(output.in_incarnation_of(seq), output);
     }
 }

@@ -15,7 +15,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::clients::{admin_client, assigned_reader, metadata_client};
 use super::config::KafkaConfig;
-use crate::core::{BackupEntry, BackupMarker, ChangelogReader, ChangelogState, EntryBytes};
+use crate::core::{last_marker_in_order, BackupEntry, BackupMarker, ChangelogReader, ChangelogState, EntryBytes};
 
 /// How long one broker request may take before it is reported.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -653,19 +653,18 @@ impl ChangelogLoader {
         let mut window: i64 = 64;
         loop {
             let from = high.saturating_sub(window).max(low);
-            let mut last = None;
+            let mut records = Vec::new();
             self.reader
                 .read(&self.topic, partition, from, high, |message| {
-                    let entry = entry_of(message);
-                    if BackupMarker::is_marker(&entry) {
-                        last = Some(entry);
-                    }
+                    records.push(entry_of(message))
                 })
                 .map_err(|e| self.error(partition, e))?;
-            if let Some(entry) = last {
-                return BackupMarker::from_entry(&entry)
-                    .map(Some)
-                    .map_err(|e| self.error(partition, e));
+            // A previous owner's marker behind a newer owner's records is not
+            // the last ([`crate::core::fence`]); the restore's full read checks
+            // what a window this size cannot see.
+            let last = last_marker_in_order(&records).map_err(|e| self.error(partition, e))?;
+            if last.is_some() {
+                return Ok(last);
             }
             if from <= low {
                 return Ok(None);

@@ -120,6 +120,11 @@ pub const METRICS: &[(&str, MetricKind, &str)] = &[
         "Task starts that found no marker in the changelog although the group had committed an offset: the state of the input before it is lost.",
     ),
     (
+        "afstream_fenced_records_total",
+        MetricKind::Counter,
+        "Changelog records a restore left out: a previous owner wrote them after a newer owner of the partition had started.",
+    ),
+    (
         "afstream_restored_records_total",
         MetricKind::Counter,
         "Changelog records read at task starts.",
@@ -296,6 +301,12 @@ impl TaskMetrics {
     pub fn state_lost(group: &str, partition: i32) {
         counter!("afstream_state_lost_total", "group" => group.to_string(), "partition" => partition.to_string())
             .increment(1);
+    }
+
+    /// Changelog records a restore left out (see `afstream_fenced_records_total`).
+    pub fn fenced(group: &str, partition: i32, records: u64) {
+        counter!("afstream_fenced_records_total", "group" => group.to_string(), "partition" => partition.to_string())
+            .increment(records);
     }
 
     /// Records a partition's lag from the client's statistics.

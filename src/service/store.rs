@@ -237,6 +237,23 @@ impl TaskStore {
         &self.path
     }
 
+    /// Deletes every record, meta record included: a restore that must start
+    /// over from another marker leaves nothing of its first read behind.
+    pub fn clear(&self) -> Result<(), ServiceError> {
+        let mut inner = self.lock();
+        inner.batch = WriteBatch::default();
+        let mut batch = WriteBatch::default();
+        for item in inner.db.iterator(IteratorMode::Start) {
+            let (key, _) = item.map_err(|e| store_error(&inner.path, format!("reading it to clear it: {e}")))?;
+            batch.delete(key);
+        }
+        inner.drifted_may_exist = false;
+        inner
+            .db
+            .write(batch)
+            .map_err(|e| store_error(&inner.path, format!("clearing it: {e}")))
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         lock(&self.inner)
     }

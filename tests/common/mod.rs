@@ -371,6 +371,16 @@ impl Service {
         self.child = None;
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, ...) to the process.
+    pub fn signal(&mut self, signal: &str) {
+        let pid = self.child().id().to_string();
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "SIG{signal} to afstream run {pid}");
+    }
+
     /// SIGTERM, then waits for the clean stop to finish.
     pub fn terminate(mut self, within: Duration) -> ExitStatus {
         let pid = self.child().id().to_string();

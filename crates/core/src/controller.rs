@@ -104,7 +104,7 @@ pub enum Action {
     AbandonBackup { seq: u64 },
     /// Write this marker to the changelog after every record written before it;
     /// report whether it was acknowledged.
-    Marker(BackupMarker),
+    Marker(Box<BackupMarker>),
     /// Bookkeeping: commit this input offset to the consumer group so tools show
     /// lag. Nothing waits for it.
     Commit { offset: u64 },
@@ -268,6 +268,8 @@ pub struct TaskController {
     /// The position the last acknowledged marker covers.
     marked: Position,
     next_seq: u64,
+    /// What this incarnation's markers say it inherited ([`crate::fence`]).
+    inherited: u64,
     outputs: VecDeque<ItemOutputs>,
     unacked_outputs: u64,
     /// Items between two backups issued for l.
@@ -354,6 +356,7 @@ impl TaskController {
             unacked_outputs: 0,
             lead: 1,
             covers_backup: plan.covers,
+            inherited: plan.inherited(),
             rollback,
             deferred: None,
             interval_items: 0,

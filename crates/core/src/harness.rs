@@ -13,6 +13,10 @@
 //! it checks is computed here, from Θ and the failure count, not taken from
 //! the controller.
 //!
+//! With `zombie_writes`, a crashed owner is stalled rather than dead: the
+//! writes it had in flight land later, behind the next run's first records
+//! ([`crate::fence`]); the expected state leaves them out.
+//!
 //! A task may also keep its state in a local store ([`SimulatedTask::on_local_store`]):
 //! written after every poll batch and every round of acknowledgements, before
 //! the changelog records handed out since go to the broker (as the service
@@ -72,6 +76,12 @@ pub struct SimulationOptions {
     /// With a local store: the probability that a crash keeps it (the process
     /// died, the machine did not).
     pub local_restarts: f64,
+    /// A crash leaves its owner stalled, not dead: the changelog writes it had
+    /// in flight land later, after the next run has written the changelog (a
+    /// zombie owner, [`crate::fence`]). Compaction then spares the records
+    /// written since the last recovery, as a `min.compaction.lag.ms` longer
+    /// than the time to the next recovery does.
+    pub zombie_writes: bool,
 }
 
 impl Default for SimulationOptions {
@@ -88,6 +98,7 @@ impl Default for SimulationOptions {
             driver_faults: DriverFaults::default(),
             tolerance: 1e-9,
             local_restarts: 0.0,
+            zombie_writes: false,
         }
     }
 }
@@ -332,6 +343,7 @@ where
         if self.broker.rng.gen_bool(0.5) {
             self.broker.compact();
         }
+        self.broker.compactable = self.broker.log.len();
         let lost = self.driver.operator().clone();
         if self.driver.stats().items == 0 {
             if let Some(last) = self.report.recoveries.last_mut() {
@@ -439,6 +451,11 @@ where
     /// decides: otherwise the store may not know every key the log holds).
     fn restarts_on_store(&mut self, last_marker: Option<&BackupMarker>) -> bool {
         let Some(local) = &self.local else { return false };
+        if !self.broker.zombie.is_empty() {
+            // Its owner is stalled, not dead: the partition moved to another
+            // member, which has no store of it.
+            return false;
+        }
         let kept = self.broker.rng.gen_bool(self.options.local_restarts.clamp(0.0, 1.0));
         kept && self.config.mode != Mode::None && last_marker.is_some_and(|m| m.writer == local.id)
     }

@@ -5,6 +5,7 @@
 //! * [`thresholds`]: from global Θ, L, Γ to a task's θ, l, γ, with the bounds;
 //! * [`controller`]: when to back up, commit and stop taking input;
 //! * [`recovery`]: backup markers and the decision a starting task makes;
+//! * [`fence`]: incarnations, so a previous owner's late writes are left out;
 //! * [`sources`]: source positions, so a chain's stage skips an upstream replay;
 //! * [`entry`]: the versioned encoding of backup entries;
 //! * [`batch`]: a backup's records, encoded once into one buffer;
@@ -19,6 +20,7 @@ pub mod controller;
 pub mod driver;
 pub mod entry;
 pub mod error;
+pub mod fence;
 pub mod harness;
 pub mod logged;
 pub mod mode;
@@ -38,12 +40,13 @@ pub use controller::{
 pub use driver::{Ack, DriverFaults, DriverStats, Item, TaskDriver, TaskIo};
 pub use entry::{BackupEntry, EntryBytes};
 pub use error::CoreError;
+pub use fence::Fence;
 pub use mode::{ExactInterval, Mode};
 pub use operator::{AnalysisConstants, BackupScope, Operator, ProcessError, Rejected};
 pub use prior_chain::CrashPriors;
 pub use recovery::{
-    read_changelog, BackupMarker, ChangelogReader, ChangelogState, MarkedState, RecentFailures, RecoveryPlan, Restart,
-    ResumeSource, StoreCheckpoint,
+    last_marker_in_order, read_changelog, BackupMarker, ChangelogReader, ChangelogState, MarkedState, RecentFailures,
+    RecoveryPlan, Restart, ResumeSource, StoreCheckpoint,
 };
 pub use sources::{source_identity, SourcePosition, SourcePositions};
 pub use structures::{

@@ -116,6 +116,15 @@ impl LoggedValue {
         write_envelope(out, self.seq, self.value.as_deref().into(), priors);
     }
 
+    /// The backup sequence of a changelog record's value, without decoding
+    /// the rest (0 for a tombstone or a record written before priors existed).
+    pub fn seq_of(bytes: Option<&[u8]>) -> Result<u64, CoreError> {
+        match bytes {
+            Some([ENVELOPE_VERSION, rest @ ..]) => Reader(rest).varint(),
+            _ => Ok(0),
+        }
+    }
+
     /// Decodes a changelog record's value (`None`: a tombstone).
     pub fn decode(bytes: Option<&[u8]>) -> Result<Self, CoreError> {
         let Some(bytes) = bytes else {

@@ -14,12 +14,13 @@
 //! any other counts one, and the thresholds halve.
 use super::entry::{entry_key, payload, versioned, BackupEntry, EntryBytes, PayloadReader, MARKER_TAG};
 use super::error::CoreError;
+use super::fence::{next_incarnation, Fence, LogOrder};
 use super::logged::LoggedValue;
 use super::mode::Mode;
 use super::operator::AnalysisConstants;
 use super::prior_chain::CrashPriors;
 use super::sources::SourcePositions;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::thresholds::{ErrorBound, FailurePolicy, TaskThresholds, RECENT_FAILURES};
 
@@ -90,12 +91,22 @@ pub struct BackupMarker {
     /// The newest source position the covered state includes from each
     /// upstream task ([`crate::sources`]); none before positions existed.
     pub sources: SourcePositions,
+    /// The last backup of earlier incarnations the state its incarnation
+    /// restored includes ([`crate::fence`]); `u64::MAX` (every one) in
+    /// markers written before incarnations existed.
+    pub inherited: u64,
 }
 
 impl BackupMarker {
     /// The key of the marker record; one key, so compaction keeps the last marker.
     pub fn key() -> EntryBytes {
         entry_key(MARKER_TAG, b"marker")
+    }
+
+    /// Which records belong to the state logged at this marker
+    /// ([`crate::fence`]).
+    pub fn fence(&self) -> Fence {
+        Fence::new(self.seq, self.inherited)
     }
 
     pub fn is_marker(entry: &BackupEntry) -> bool {
@@ -118,6 +129,7 @@ impl BackupMarker {
         body.extend_from_slice(&self.writer.to_le_bytes());
         body.extend_from_slice(&self.covers.to_le_bytes());
         self.sources.encode_into(&mut body);
+        body.extend_from_slice(&self.inherited.to_le_bytes());
         BackupEntry::new(Self::key(), Some(versioned(&body)))
     }
 
@@ -148,6 +160,7 @@ impl BackupMarker {
             writer: 0,
             covers: u64::MAX,
             sources: SourcePositions::default(),
+            inherited: u64::MAX,
         };
         let count = usize::from(reader.u8()?);
         if count > RECENT_FAILURES {
@@ -161,8 +174,9 @@ impl BackupMarker {
             marker.recent.push(reader.u64()?);
         }
         // Markers written before local stores existed end here, those written
-        // before priors existed after the writer, and those written before
-        // source positions existed after the last backup they cover.
+        // before priors existed after the writer, those written before source
+        // positions existed after the last backup they cover, and those
+        // written before incarnations existed after the positions.
         if !reader.is_empty() {
             marker.writer = reader.u64()?;
         }
@@ -172,6 +186,9 @@ impl BackupMarker {
         if !reader.is_empty() {
             marker.sources = SourcePositions::decode_from(&mut reader)?;
         }
+        if !reader.is_empty() {
+            marker.inherited = reader.u64()?;
+        }
         reader.finish()?;
         Ok(marker)
     }
@@ -179,23 +196,45 @@ impl BackupMarker {
 
 /// Turns a changelog's records, in log order, into the entries that rebuild
 /// the state logged at its last marker, and gathers what the restarted task
-/// must write before its start marker: the keys restored from a prior, at the
-/// value restored (so no uncovered record of the crashed run stays a key's
-/// latest), and the sequence to continue from.
+/// must write before its start marker: the keys restored from a prior, and
+/// those whose latest record was fenced ([`crate::fence`]), at the value
+/// restored (so no uncovered or fenced record stays a key's latest), and the
+/// sequence to continue from.
 #[derive(Clone, Debug)]
 pub struct MarkedState {
     covers: u64,
+    fence: Fence,
+    order: LogOrder,
+    /// The last marker the log's order admits, in what was read.
+    last_marker: Option<BackupMarker>,
     rolled_back: FxHashMap<EntryBytes, Option<EntryBytes>>,
+    /// Keys whose latest record was fenced, their restored value not known
+    /// (it came from a record already handed out).
+    unresolved: FxHashSet<EntryBytes>,
+    /// On a second read: the keys whose restored value it looks for.
+    watched: Option<FxHashMap<EntryBytes, Option<EntryBytes>>>,
+    fenced: u64,
     max_seq: u64,
+    next_seq: u64,
 }
 
 /// What a restarted task writes and continues from, besides its state.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Restart {
-    /// Keys restored from a prior, at the value restored (`None`: no key), to
-    /// write before the start marker.
+    /// Keys restored from a prior, or whose latest record was fenced, at the
+    /// value restored (`None`: no key), to write before the start marker.
     pub rolled_back: Vec<BackupEntry>,
-    /// Above every sequence the changelog holds.
+    /// Keys whose latest record was fenced and whose restored value is not
+    /// known yet: read the log again with [`MarkedState::watching`] them.
+    pub unresolved: Vec<EntryBytes>,
+    /// Records left out because a newer incarnation had started
+    /// ([`crate::fence`]).
+    pub fenced: u64,
+    /// The last marker the log's order admits: the one a recovery of this
+    /// log resumes from.
+    pub last_marker: Option<BackupMarker>,
+    /// The first sequence of a new incarnation, above every one the
+    /// changelog holds.
     pub next_seq: u64,
 }
 
@@ -204,44 +243,92 @@ impl MarkedState {
     /// at the marker it resumes from (with none, every record as it is).
     pub fn for_plan(plan: &RecoveryPlan) -> Self {
         let from_marker = matches!(plan.source, ResumeSource::Marker | ResumeSource::LocalStore);
-        MarkedState {
-            covers: if from_marker { plan.covers } else { u64::MAX },
-            rolled_back: FxHashMap::default(),
-            max_seq: plan.next_seq.saturating_sub(1),
-        }
+        MarkedState::with(
+            if from_marker { plan.covers } else { u64::MAX },
+            plan.fence,
+            plan.next_seq,
+        )
     }
 
     /// For a changelog whose last marker is `marker` (none: every record as it is).
     pub fn new(marker: Option<&BackupMarker>) -> Self {
+        MarkedState::with(
+            marker.map_or(u64::MAX, |m| m.covers),
+            marker.map_or(Fence::NONE, BackupMarker::fence),
+            marker.map_or(0, |m| next_incarnation(m.seq)),
+        )
+    }
+
+    /// `next_seq`: the least the restart may continue from.
+    fn with(covers: u64, fence: Fence, next_seq: u64) -> Self {
         MarkedState {
-            covers: marker.map_or(u64::MAX, |m| m.covers),
+            covers,
+            fence,
+            order: LogOrder::default(),
+            last_marker: None,
             rolled_back: FxHashMap::default(),
-            max_seq: marker.map_or(0, |m| m.seq),
+            unresolved: FxHashSet::default(),
+            watched: None,
+            fenced: 0,
+            max_seq: 0,
+            next_seq,
+        }
+    }
+
+    /// A second read that also finds the restored value of `keys` (a first
+    /// read's [`Restart::unresolved`]), to write them back.
+    pub fn watching(self, keys: &[EntryBytes]) -> Self {
+        MarkedState {
+            watched: Some(keys.iter().map(|key| (key.clone(), None)).collect()),
+            ..self
         }
     }
 
     /// Appends to `out` the entry to restore for each record of `records`
-    /// (markers skipped; `value: None` deletes the key).
+    /// that belongs to the logged state (`value: None` deletes the key).
     pub fn resolve(&mut self, records: &[BackupEntry], out: &mut Vec<BackupEntry>) -> Result<(), CoreError> {
         for record in records {
             if BackupMarker::is_marker(record) {
-                continue;
+                self.see_marker(record)?;
+            } else if let Some(entry) = self.resolve_one(&record.key, record.value.as_deref())? {
+                out.push(entry);
             }
-            out.push(self.resolve_one(&record.key, record.value.as_deref())?);
         }
         Ok(())
     }
 
-    fn resolve_one(&mut self, key: &EntryBytes, value: Option<&[u8]>) -> Result<BackupEntry, CoreError> {
+    fn see_marker(&mut self, record: &BackupEntry) -> Result<(), CoreError> {
+        let marker = BackupMarker::from_entry(record)?;
+        self.max_seq = self.max_seq.max(marker.seq);
+        if self.order.admits(marker.seq) {
+            self.last_marker = Some(marker);
+        }
+        Ok(())
+    }
+
+    fn resolve_one(&mut self, key: &EntryBytes, value: Option<&[u8]>) -> Result<Option<BackupEntry>, CoreError> {
         let logged = LoggedValue::decode(value)?;
         self.max_seq = self.max_seq.max(logged.seq);
+        // A tombstone names no writer: compaction's, never fenced.
+        let admitted = value.is_none() || (self.order.admits(logged.seq) && self.fence.admits(logged.seq));
+        if !admitted {
+            self.fenced += 1;
+            if !self.rolled_back.contains_key(key) {
+                self.unresolved.insert(key.clone());
+            }
+            return Ok(None);
+        }
+        self.unresolved.remove(key);
         let at_marker = logged.at_marker(self.covers)?.cloned();
+        if let Some(value) = self.watched.as_mut().and_then(|watched| watched.get_mut(key)) {
+            value.clone_from(&at_marker);
+        }
         if logged.seq > self.covers && !logged.priors.is_empty() {
             self.rolled_back.insert(key.clone(), at_marker.clone());
         } else {
             self.rolled_back.remove(key);
         }
-        Ok(BackupEntry::new(key.clone(), at_marker))
+        Ok(Some(BackupEntry::new(key.clone(), at_marker)))
     }
 
     pub fn finish(self) -> Restart {
@@ -250,23 +337,34 @@ impl MarkedState {
             .into_iter()
             .map(|(key, value)| BackupEntry::new(key, value))
             .collect();
+        let mut unresolved = Vec::new();
+        match self.watched {
+            Some(watched) => rolled_back.extend(
+                self.unresolved
+                    .into_iter()
+                    .map(|key| BackupEntry::new(key.clone(), watched.get(&key).cloned().flatten())),
+            ),
+            None => unresolved.extend(self.unresolved),
+        }
         rolled_back.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        unresolved.sort_unstable();
         Restart {
             rolled_back,
-            next_seq: self.max_seq.saturating_add(1).max(1),
+            unresolved,
+            fenced: self.fenced,
+            last_marker: self.last_marker,
+            next_seq: next_incarnation(self.max_seq).max(self.next_seq),
         }
     }
 }
 
-/// Reads a changelog partition the way compaction leaves it: the latest record
-/// per key, and the last marker. Feed it the records in log order, compacted or
-/// not; the result is the same either way, which is what makes recovery safe
-/// under compaction.
+/// Reads a changelog partition the way compaction leaves it or not: the
+/// result is the same either way, which is what makes recovery safe under
+/// compaction. Fencing ([`crate::fence`]) needs the log's order, so the
+/// records are kept as read until [`ChangelogReader::finish`].
 #[derive(Clone, Debug, Default)]
 pub struct ChangelogReader {
-    latest: FxHashMap<EntryBytes, Option<EntryBytes>>,
-    marker: Option<BackupEntry>,
-    records: u64,
+    log: Vec<BackupEntry>,
 }
 
 /// What a starting task restores: the state logged at the last marker, the
@@ -287,35 +385,56 @@ impl ChangelogReader {
 
     /// Takes the next record of the log.
     pub fn push(&mut self, entry: BackupEntry) {
-        self.records += 1;
-        if BackupMarker::is_marker(&entry) {
-            self.marker = Some(entry);
-            return;
-        }
-        self.latest.insert(entry.key, entry.value);
+        self.log.push(entry);
     }
 
-    /// The state to restore. Fails when the last marker or a record cannot be
-    /// decoded: without them the task does not know where to resume, or from what.
+    /// The state to restore: one pass finds the last marker the log's order
+    /// admits, a second resolves the records against it. Fails when a marker
+    /// or a record cannot be decoded: without them the task does not know
+    /// where to resume, or from what.
     pub fn finish(self) -> Result<ChangelogState, CoreError> {
-        let marker = self.marker.as_ref().map(BackupMarker::from_entry).transpose()?;
+        let marker = last_marker_in_order(&self.log)?;
         let mut marked = MarkedState::new(marker.as_ref());
-        let mut entries = Vec::with_capacity(self.latest.len());
-        for (key, value) in &self.latest {
-            let entry = marked.resolve_one(key, value.as_deref())?;
-            if entry.value.is_some() {
-                entries.push(entry);
-            }
+        let mut resolved = Vec::with_capacity(self.log.len());
+        marked.resolve(&self.log, &mut resolved)?;
+        let mut latest: FxHashMap<EntryBytes, Option<EntryBytes>> = FxHashMap::default();
+        for entry in resolved {
+            latest.insert(entry.key, entry.value);
         }
+        let mut restart = marked.finish();
+        for key in std::mem::take(&mut restart.unresolved) {
+            let value = latest.get(&key).cloned().flatten();
+            restart.rolled_back.push(BackupEntry::new(key, value));
+        }
+        restart.rolled_back.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        let mut entries: Vec<BackupEntry> = latest
+            .into_iter()
+            .filter(|(_, value)| value.is_some())
+            .map(|(key, value)| BackupEntry::new(key, value))
+            .collect();
         // A deterministic order, so restores are repeatable.
         entries.sort_unstable_by(|a, b| a.key.cmp(&b.key));
         Ok(ChangelogState {
             entries,
             marker,
-            records: self.records,
-            restart: marked.finish(),
+            records: self.log.len() as u64,
+            restart,
         })
     }
+}
+
+/// The last marker of `log` that the log's order admits ([`crate::fence`]),
+/// as if the log began with `log`: what a recovery resumes from.
+pub fn last_marker_in_order(log: &[BackupEntry]) -> Result<Option<BackupMarker>, CoreError> {
+    let mut scan = MarkedState::new(None);
+    for record in log {
+        if BackupMarker::is_marker(record) {
+            scan.see_marker(record)?;
+        } else if record.value.is_some() {
+            scan.order.admits(LoggedValue::seq_of(record.value.as_deref())?);
+        }
+    }
+    Ok(scan.last_marker)
 }
 
 /// Reads a whole changelog held in memory.
@@ -353,6 +472,9 @@ pub struct RecoveryPlan {
     /// A restart on a local store: what its crash left uncertain in the
     /// changelog (empty for any other start).
     pub priors: CrashPriors,
+    /// Which records of the changelog belong to the state at the marker it
+    /// resumes from ([`crate::fence`]).
+    pub fence: Fence,
 }
 
 /// Where a start position came from.
@@ -380,9 +502,10 @@ impl RecoveryPlan {
             source: ResumeSource::Beginning,
             recent: RecentFailures::default(),
             covers: 0,
-            next_seq: 1,
+            next_seq: next_incarnation(0),
             sources: SourcePositions::default(),
             priors: CrashPriors::default(),
+            fence: Fence::NONE,
         }
     }
 
@@ -424,9 +547,10 @@ impl RecoveryPlan {
                 source: ResumeSource::Marker,
                 recent: marker.recent,
                 covers: marker.covers,
-                next_seq: marker.seq.saturating_add(1),
+                next_seq: next_incarnation(marker.seq),
                 sources: marker.sources.clone(),
                 priors: CrashPriors::default(),
+                fence: marker.fence(),
             },
             (_, Some(marker)) => RecoveryPlan {
                 resume_offset: marker.input_offset,
@@ -440,9 +564,10 @@ impl RecoveryPlan {
                     recent
                 },
                 covers: marker.covers,
-                next_seq: marker.seq.saturating_add(1),
+                next_seq: next_incarnation(marker.seq),
                 sources: marker.sources.clone(),
                 priors: CrashPriors::default(),
+                fence: marker.fence(),
             },
         }
     }
@@ -486,9 +611,11 @@ impl RecoveryPlan {
             None => (0, RecentFailures::default()),
         };
         let covers = last_marker.map_or(0, |m| m.covers);
-        let next_seq = last_marker
-            .map_or(1, |m| m.seq.saturating_add(1))
-            .max(checkpoint.next_seq);
+        let next_seq = next_incarnation(
+            last_marker
+                .map_or(0, |m| m.seq)
+                .max(checkpoint.next_seq.saturating_sub(1)),
+        );
         let sources = checkpoint.sources.clone();
         let priors = checkpoint.priors.clone();
         if clean {
@@ -503,6 +630,7 @@ impl RecoveryPlan {
                 next_seq,
                 sources,
                 priors,
+                fence: Fence::NONE,
             };
         }
         let mut recent = recent;
@@ -521,6 +649,19 @@ impl RecoveryPlan {
             next_seq,
             sources,
             priors,
+            fence: Fence::NONE,
+        }
+    }
+
+    /// What the markers of the incarnation this plan starts inherit: the
+    /// last earlier backup its state includes ([`crate::fence`]). A restore
+    /// from a marker includes what that marker covers; any other start
+    /// (the log as it was, or a local store that holds every key the log
+    /// wrote) includes every one.
+    pub fn inherited(&self) -> u64 {
+        match self.source {
+            ResumeSource::Marker => self.covers,
+            ResumeSource::Committed | ResumeSource::Beginning | ResumeSource::LocalStore => u64::MAX,
         }
     }
 }

@@ -46,7 +46,7 @@ fn markers(actions: &[Action]) -> Vec<BackupMarker> {
     actions
         .iter()
         .filter_map(|a| match a {
-            Action::Marker(marker) => Some(marker.clone()),
+            Action::Marker(marker) => Some(marker.as_ref().clone()),
             _ => None,
         })
         .collect()
@@ -69,7 +69,7 @@ fn one_item(
 /// A started task whose start marker is acknowledged.
 fn running(config: ControllerConfig) -> TaskController {
     let mut actions = Vec::new();
-    let mut c = TaskController::start(config, &RecoveryPlan::fresh(0), false, 0, &mut actions).unwrap();
+    let mut c = TaskController::start(config, &first_start(), false, 0, &mut actions).unwrap();
     if config.mode != Mode::None {
         let start = markers(&actions);
         assert_eq!(start.len(), 1, "every start writes a marker first: {actions:?}");
@@ -575,6 +575,7 @@ fn a_recovery_writes_its_failure_count_before_taking_input() {
         next_seq: 12,
         sources: Default::default(),
         priors: Default::default(),
+        fence: afstream_core::Fence::NONE,
     };
     let mut actions = Vec::new();
     let mut c = TaskController::start(config, &plan, false, 0, &mut actions).unwrap();
@@ -585,9 +586,9 @@ fn a_recovery_writes_its_failure_count_before_taking_input() {
     assert_eq!(marker.failures, 3);
     assert_eq!(marker.input_offset, 40);
     assert_eq!(
-        (marker.seq, marker.covers),
-        (12, 9),
-        "sequences continue; the marker covers what the last did"
+        (marker.seq, marker.covers, marker.inherited),
+        (12, 9, 9),
+        "sequences continue; the marker covers what the last did, and its incarnation inherited that"
     );
     assert!(!marker.clean, "a run's first marker is never clean");
     assert_eq!(c.thresholds().theta, 100.0 / 16.0, "Θ/2^(k+1) with k = 3");
@@ -628,6 +629,7 @@ fn under_the_recovering_policy_thresholds_come_back_after_the_window() {
         writer: 0,
         covers: 3,
         sources: Default::default(),
+        inherited: u64::MAX,
     };
     let plan = RecoveryPlan::decide(Mode::Approximate, Some(&marker), None, 0, CONSTANTS);
     assert_eq!(plan.recent.as_slice(), &[10, 50]);
@@ -742,7 +744,7 @@ fn an_acknowledgement_of_a_marker_never_written_changes_nothing() {
     // reaches the new task, whose start marker is still in flight.
     let config = config(Mode::Approximate, 100.0, 1000, 100);
     let mut actions = Vec::new();
-    let mut c = TaskController::start(config, &RecoveryPlan::fresh(0), false, 0, &mut actions).unwrap();
+    let mut c = TaskController::start(config, &first_start(), false, 0, &mut actions).unwrap();
     let [start] = &markers(&actions)[..] else {
         panic!("expected the start marker, got {actions:?}")
     };
@@ -825,4 +827,13 @@ fn a_failed_exact_backup_is_written_again_complete_at_once() {
     c.marker_failed(marker.seq, &mut actions);
     let again: Vec<BackupScope> = backups(&actions).into_iter().map(|(_, scope)| scope).collect();
     assert_eq!(again, [BackupScope::Complete], "{actions:?}");
+}
+
+/// A first start whose sequences count from 1 (incarnation 0), so that the
+/// tests read them plainly; a real first start is incarnation 1.
+fn first_start() -> RecoveryPlan {
+    RecoveryPlan {
+        next_seq: 1,
+        ..RecoveryPlan::fresh(0)
+    }
 }

@@ -272,6 +272,31 @@ pub(super) fn send_to_changelog(
     entry: &BackupEntry,
     delivery: Delivery,
 ) -> Result<(), KafkaError> {
+    #[cfg(feature = "fault-injection")]
+    {
+        release_held_changelog_records(shared);
+        if super::faults::changelog_record_held(partition, entry, delivery) {
+            return Ok(());
+        }
+    }
+    produce_to_changelog(shared, partition, entry, delivery)
+}
+
+/// Sends what [`super::faults::FAULT_HOLD_CHANGELOG`] held back, once it no
+/// longer holds (test builds only).
+#[cfg(feature = "fault-injection")]
+pub(super) fn release_held_changelog_records(shared: &TaskEnv<'_>) {
+    super::faults::release_held_changelog(|partition, entry, delivery| {
+        produce_to_changelog(shared, partition, entry, delivery)
+    });
+}
+
+fn produce_to_changelog(
+    shared: &TaskEnv<'_>,
+    partition: i32,
+    entry: &BackupEntry,
+    delivery: Delivery,
+) -> Result<(), KafkaError> {
     let mut record = BaseRecord::with_opaque_to(&shared.topics.changelog, delivery.pack())
         .partition(partition)
         .key(&entry.key[..]);

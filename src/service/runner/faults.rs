@@ -1,5 +1,6 @@
 //! Fault switches the tests set through the environment (a restore that
-//! fails, backups that write nothing, a slow start, a SIGKILL in a backup).
+//! fails, backups that write nothing, a slow start, a SIGKILL in a backup,
+//! changelog writes held back and landing late).
 
 #[cfg(feature = "fault-injection")]
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -64,3 +65,72 @@ pub(super) fn crash_in_backup() -> Result<Option<u64>, crate::service::ServiceEr
     tracing::warn!("{CRASH_IN_BACKUP} is set: this process SIGKILLs itself in the middle of backup {at}");
     Ok(Some(at))
 }
+
+/// Set in the environment of a build with the `fault-injection` feature to a
+/// file's path: while that file exists, the process holds its changelog
+/// records instead of handing them to the producer (as if acknowledgements
+/// were on their way), and once the file is gone it sends them, in order,
+/// before any other: a stalled owner whose writes land late (a zombie).
+#[cfg(feature = "fault-injection")]
+pub const FAULT_HOLD_CHANGELOG: &str = "AFSTREAM_FAULT_HOLD_CHANGELOG";
+
+#[cfg(feature = "fault-injection")]
+mod hold {
+    use std::path::PathBuf;
+    use std::sync::{Mutex, OnceLock};
+
+    use rdkafka::error::KafkaError;
+
+    use super::FAULT_HOLD_CHANGELOG;
+    use crate::core::BackupEntry;
+    use crate::service::delivery::Delivery;
+
+    /// A changelog record held back: its partition, the record, its report.
+    type Held = (i32, BackupEntry, Delivery);
+
+    static HELD: Mutex<Vec<Held>> = Mutex::new(Vec::new());
+
+    fn hold_file() -> Option<&'static PathBuf> {
+        static FILE: OnceLock<Option<PathBuf>> = OnceLock::new();
+        FILE.get_or_init(|| std::env::var_os(FAULT_HOLD_CHANGELOG).map(PathBuf::from))
+            .as_ref()
+    }
+
+    /// Whether the record is held back: the hold file exists.
+    pub(crate) fn held(partition: i32, entry: &BackupEntry, delivery: Delivery) -> bool {
+        let Some(file) = hold_file() else { return false };
+        if !file.exists() {
+            return false;
+        }
+        if let Ok(mut held) = HELD.lock() {
+            held.push((partition, entry.clone(), delivery));
+        }
+        true
+    }
+
+    /// Once the hold file is gone, sends what was held through `send`.
+    pub(crate) fn release(mut send: impl FnMut(i32, &BackupEntry, Delivery) -> Result<(), KafkaError>) {
+        if hold_file().is_none_or(|file| file.exists()) {
+            return;
+        }
+        let held = HELD
+            .lock()
+            .map(|mut held| std::mem::take(&mut *held))
+            .unwrap_or_default();
+        if held.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            records = held.len(),
+            "{FAULT_HOLD_CHANGELOG}: releasing the changelog records held back"
+        );
+        for (partition, entry, delivery) in &held {
+            if let Err(error) = send(*partition, entry, *delivery) {
+                tracing::warn!(partition, %error, "{FAULT_HOLD_CHANGELOG}: a held record was not sent");
+            }
+        }
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+pub(super) use hold::{held as changelog_record_held, release as release_held_changelog};

@@ -15,6 +15,7 @@ use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
+use crate::core::fence::incarnation;
 use crate::core::{BackupMarker, ControllerConfig, Mode, RecoveryPlan};
 use crate::service::config::Config;
 use crate::service::delivery::DeliveryReports;
@@ -24,7 +25,8 @@ use crate::service::store::{StoreMeta, TaskStore};
 use crate::service::ServiceError;
 
 use super::manager::Parked;
-use super::{Assigned, LocalStores, REVOKE_FLUSH_TIMEOUT, START_OFFSET};
+use super::restore::PlanInputs;
+use super::{Assigned, LocalStores, REVOKE_FLUSH_TIMEOUT};
 
 /// The longest a newly assigned partition waits for its previous owner to
 /// stop writing its changelog (see `ChangelogLoader::settled_marker`).
@@ -130,13 +132,16 @@ impl GroupContext {
     }
 
     /// Where a parked task of `partition` goes on, if it may: nothing was
-    /// written to its changelog since it was parked.
+    /// written to its changelog since it was parked, and its last marker
+    /// is of the task's incarnation (a member that stalled parks its task
+    /// only once it wakes up, after the next owner wrote).
     pub(super) fn regain(&self, partition: i32) -> Result<Option<u64>, String> {
         let Some(parked) = self.parked.lock().ok().and_then(|mut p| p.remove(&partition)) else {
             return Ok(None);
         };
         let end = self.loader.end_offset(partition).map_err(|e| e.to_string())?;
-        if end == parked.changelog_end {
+        let own = |marker: Option<BackupMarker>| marker.is_none_or(|m| incarnation(m.seq) == parked.incarnation);
+        if end == parked.changelog_end && own(self.loader.last_marker(partition).map_err(|e| e.to_string())?) {
             return Ok(Some(parked.next_offset));
         }
         tracing::info!(
@@ -210,19 +215,24 @@ impl GroupContext {
             let (_, end) = consumer
                 .fetch_watermarks(&self.input_topic, partition, REQUEST_TIMEOUT)
                 .map_err(|e| format!("input partition {partition}: {e}"))?;
-            let plan = match &store {
-                Some((_, meta)) if local => RecoveryPlan::local(
-                    &meta.checkpoint,
-                    marker.as_ref(),
-                    self.controller.policy.for_failures(0).max_unacked,
+            let (plan, inputs) = match &store {
+                Some((_, meta)) if local => (
+                    RecoveryPlan::local(
+                        &meta.checkpoint,
+                        marker.as_ref(),
+                        self.controller.policy.for_failures(0).max_unacked,
+                    ),
+                    None,
                 ),
-                _ => RecoveryPlan::decide(
-                    self.controller.mode,
-                    marker.as_ref(),
-                    committed,
-                    START_OFFSET,
-                    self.controller.constants,
-                ),
+                _ => {
+                    let inputs = PlanInputs {
+                        mode: self.controller.mode,
+                        committed,
+                        constants: self.controller.constants,
+                        marker,
+                    };
+                    (inputs.decide(), Some(inputs))
+                }
             };
             tpl.set_partition_offset(&self.input_topic, partition, Offset::Offset(plan.resume_offset as i64))
                 .map_err(|e| format!("input partition {partition}: {e}"))?;
@@ -233,6 +243,7 @@ impl GroupContext {
                 plan,
                 store,
                 local,
+                inputs,
             });
         }
         let assign = match consumer.rebalance_protocol() {
@@ -415,13 +426,24 @@ pub(super) fn own_queue(
     let queue = consumer
         .split_partition_queue(topic, partition)
         .ok_or_else(|| ServiceError::Unsupported(format!("no queue for input partition {partition}")))?;
+    seek(consumer, topic, partition, offset)?;
+    Ok(queue)
+}
+
+/// Restarts the partition's fetch at `offset`; what was fetched before is
+/// dropped (the seek's version barrier).
+pub(super) fn seek(
+    consumer: &Arc<BaseConsumer<GroupContext>>,
+    topic: &str,
+    partition: i32,
+    offset: u64,
+) -> Result<(), ServiceError> {
     consumer
         .seek(topic, partition, Offset::Offset(offset as i64), REQUEST_TIMEOUT)
         .map_err(|e| ServiceError::Task {
             partition,
             message: format!("restarting the fetch at offset {offset}: {e}"),
-        })?;
-    Ok(queue)
+        })
 }
 
 /// Waits, up to [`REVOKE_FLUSH_TIMEOUT`] each, for the producers' records in

@@ -53,6 +53,8 @@ pub(super) trait TaskView {
     fn next_offset(&self) -> u64;
     /// The task can be kept while its partition is lost (see the rules).
     fn parkable(&self) -> bool;
+    /// The incarnation its changelog records name ([`crate::core::fence`]).
+    fn changelog_incarnation(&self) -> u64;
     /// An error that ends the run, taken once.
     fn take_fatal(&mut self) -> Option<String>;
 }
@@ -87,6 +89,10 @@ pub(super) struct Parked {
     /// The changelog partition's end when it was parked: if another member
     /// wrote the changelog since, the task's state is stale.
     pub(super) changelog_end: i64,
+    /// Its changelog incarnation: a stalled member notices the loss only
+    /// when it wakes up, after the next owner wrote, so the changelog must
+    /// also still end with a marker of this incarnation.
+    pub(super) incarnation: u64,
 }
 
 /// A parked task and the reports that arrived for it.
@@ -241,6 +247,7 @@ impl<T> TaskManager<T> {
             return None;
         };
         let next_offset = task.next_offset();
+        let incarnation = task.changelog_incarnation();
         tracing::info!(
             partition,
             next_offset,
@@ -257,6 +264,7 @@ impl<T> TaskManager<T> {
         Some(Parked {
             next_offset,
             changelog_end,
+            incarnation,
         })
     }
 

@@ -27,11 +27,13 @@ mod manager;
 mod restore;
 mod task;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
@@ -54,9 +56,9 @@ use collector::MarkerRoundTrips;
 use faults::crash_in_backup;
 pub use faults::*;
 use feedback::FeedbackReader;
-use group::{flush_producers, own_queue, ClosingGuard, GroupContext, Revocation};
+use group::{flush_producers, own_queue, seek, ClosingGuard, GroupContext, Revocation};
 use manager::{Producers, StopProgress, TaskManager};
-use restore::{restore_all, RESTORE_PARALLELISM};
+use restore::{PlanInputs, Restores, RESTORE_PARALLELISM};
 use task::Task;
 
 /// Where a partition with no marker and no committed offset starts (the
@@ -146,6 +148,8 @@ struct Assigned {
     store: Option<(TaskStore, StoreMeta)>,
     /// The task resumes on its local store (no changelog restore).
     local: bool,
+    /// What a plan to restore from the changelog was decided from.
+    inputs: Option<PlanInputs>,
 }
 
 impl Topics {
@@ -233,36 +237,50 @@ struct TaskStarter<'a, O: ServiceOperator> {
     controller: ControllerConfig,
     readers: Arc<ReaderPool>,
     resident_keys: usize,
+    restores: Restores<O>,
+    /// The queue split off for each partition that restores, and the
+    /// offset its fetch started at (the consumer fetches while it restores).
+    queues: HashMap<i32, (PartitionQueue<GroupContext>, u64)>,
 }
 
 impl<O: ServiceOperator> TaskStarter<'_, O> {
+    /// Starts restoring the partitions assigned since the last round, off
+    /// the loop, and starts the tasks whose restore is done.
     fn start(
-        &self,
+        &mut self,
         shared: &TaskEnv<'_>,
         manager: &mut TaskManager<Task<O>>,
         feedback: Option<&FeedbackReader>,
         started: Instant,
         now_ms: u64,
-    ) -> Result<(), ServiceError> {
+    ) -> Result<bool, ServiceError> {
         let context = shared.consumer.context();
         let batch = take_recorded(&context.assigned);
-        let mut queues = Vec::with_capacity(batch.len());
-        for assigned in &batch {
-            queues.push(own_queue(
-                shared.consumer,
-                &shared.topics.input,
-                assigned.partition,
-                assigned.plan.resume_offset,
-            )?);
+        let assigned = !batch.is_empty();
+        if assigned {
+            for assigned in &batch {
+                let partition = assigned.partition;
+                let offset = assigned.plan.resume_offset;
+                // A partition assigned again while it restored: the new queue.
+                self.queues.remove(&partition);
+                let queue = own_queue(shared.consumer, &shared.topics.input, partition, offset)?;
+                self.queues.insert(partition, (queue, offset));
+            }
+            self.restores
+                .spawn(&self.readers, self.operator_config, batch, self.resident_keys)?;
         }
-        let restored = restore_all::<O>(
-            &context.loader,
-            &self.readers,
-            self.operator_config,
-            batch,
-            self.resident_keys,
-        )?;
-        for (restored, queue) in restored.into_iter().zip(queues) {
+        let restored = self.restores.finished()?;
+        let worked = assigned || !restored.is_empty();
+        for restored in restored {
+            let partition = restored.assigned.partition;
+            let Some((queue, fetching_from)) = self.queues.remove(&partition) else {
+                continue;
+            };
+            let resume = restored.assigned.plan.resume_offset;
+            if resume != fetching_from {
+                // The restore decided again from another marker.
+                seek(shared.consumer, &shared.topics.input, partition, resume)?;
+            }
             let started_ms = started.elapsed().as_millis() as u64;
             let mut task = Task::start(shared, self.controller, restored, queue, started_ms)?;
             if let Some((reader, latest)) = feedback.and_then(|r| r.latest.as_ref().map(|l| (r, l))) {
@@ -273,7 +291,16 @@ impl<O: ServiceOperator> TaskStarter<'_, O> {
             // the consumer fetches from then on, while the task restores.
             manager.assigned(shared, task, now_ms);
         }
-        Ok(())
+        Ok(worked)
+    }
+
+    /// Partitions revoked or lost: a restore of theirs still running is
+    /// dropped when it is done.
+    fn cancel(&mut self, partitions: &[i32]) {
+        self.restores.cancel(partitions);
+        for partition in partitions {
+            self.queues.remove(partition);
+        }
     }
 }
 
@@ -401,15 +428,17 @@ pub fn run_pipeline<O: ServiceOperator>(
         incarnation: std::cell::Cell::new(TaskIncarnation::default()),
         source_positions: config.source_positions(),
     };
-    let starter = TaskStarter::<O> {
+    let mut starter = TaskStarter::<O> {
         operator_config,
         controller,
         readers: restore_readers,
         resident_keys: pipeline.store.resident_keys,
+        restores: Restores::new(),
+        queues: HashMap::new(),
     };
     let started = Instant::now();
     let stop_at_end = options.stop_at_end.then_some(partitions);
-    let (mut manager, handoff) = run_rounds(&shared, &starter, &mut feedback, stop, stop_at_end, started)?;
+    let (mut manager, handoff) = run_rounds(&shared, &mut starter, &mut feedback, stop, stop_at_end, started)?;
     if let Some(revocation) = handoff {
         // Its tasks stopped with the rest.
         revocation.release(&consumer)?;
@@ -436,7 +465,7 @@ pub fn run_pipeline<O: ServiceOperator>(
 /// release when it ends.
 fn run_rounds<O: ServiceOperator>(
     shared: &TaskEnv<'_>,
-    starter: &TaskStarter<'_, O>,
+    starter: &mut TaskStarter<'_, O>,
     feedback: &mut Option<FeedbackReader>,
     stop: &AtomicBool,
     stop_at_end: Option<usize>,
@@ -456,8 +485,8 @@ fn run_rounds<O: ServiceOperator>(
         if let Some(failure) = context.failure.lock().ok().and_then(|mut f| f.take()) {
             return Err(ServiceError::Rebalance(failure));
         }
-        worked = rebalanced(shared, &mut manager, now_ms)?;
-        starter.start(shared, &mut manager, feedback.as_ref(), started, now_ms)?;
+        worked = rebalanced(shared, &mut manager, starter, now_ms)?;
+        worked |= starter.start(shared, &mut manager, feedback.as_ref(), started, now_ms)?;
         // After the assignments: a partition assigned and then revoked within
         // one poll is started, then handed off.
         worked |= revoking(shared, &mut manager, &mut handoff, now_ms);
@@ -477,6 +506,8 @@ fn run_rounds<O: ServiceOperator>(
             None => {}
         }
         worked |= manager.round(shared, now_ms);
+        #[cfg(feature = "fault-injection")]
+        collector::release_held_changelog_records(shared);
         if manager.handoff_due(now_ms) {
             manager.finish_handoff(shared, now_ms);
             release(consumer, handoff.take())?;
@@ -507,11 +538,13 @@ fn run_rounds<O: ServiceOperator>(
 fn rebalanced<O: ServiceOperator>(
     shared: &TaskEnv<'_>,
     manager: &mut TaskManager<Task<O>>,
+    starter: &mut TaskStarter<'_, O>,
     now_ms: u64,
 ) -> Result<bool, ServiceError> {
     let context = shared.consumer.context();
     let mut worked = false;
     let revoked = take_recorded(&context.revoked);
+    starter.cancel(&revoked);
     if !revoked.is_empty() {
         // The revocation flushed the producers: the revoked tasks get their
         // delivery reports before they go.
@@ -519,6 +552,7 @@ fn rebalanced<O: ServiceOperator>(
         manager.revoked(&revoked);
     }
     let lost = take_recorded(&context.lost);
+    starter.cancel(&lost);
     if !lost.is_empty() {
         // The loss flushed the producers: the tasks get their delivery
         // reports before they are parked, and the changelog's end is final.

@@ -3,31 +3,27 @@
 //! stepped by the loop, stopped cleanly.
 
 use std::marker::PhantomData;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
 
-use crate::core::{
-    Ack, BackupEntry, Blocked, ControllerConfig, DriverStats, MarkedState, Mode, ResumeSource, TaskDriver,
-};
+use crate::core::{Ack, Blocked, ControllerConfig, DriverStats, Mode, ResumeSource, TaskDriver};
 use crate::service::codec::{Codec, ServiceOperator};
 use crate::service::delivery::{is_permanent, Delivery, DeliveryEvent, TaskIncarnation};
-use crate::service::kafka::ChangelogLoader;
 use crate::service::metrics::{TaskMetrics, TaskPosition};
 use crate::service::store::{StoreMeta, TaskStore};
 use crate::service::ServiceError;
 
 use super::collector::{is_queue_full, resend, send_failure, send_to_changelog, InFlight, KafkaIo, OutputPositions};
-use super::faults::injected_restore_failure;
 #[cfg(feature = "fault-injection")]
-use super::faults::{FAULT_SKIP_BACKUPS, FAULT_SLOW_TASK_START_MS};
+use super::faults::FAULT_SKIP_BACKUPS;
 use super::group::{own_queue, GroupContext};
 use super::input::{InputBatch, RawRecords};
 use super::manager::{ManagedTask, TaskView};
 use super::restore::Restored;
-use super::{Assigned, TaskEnv, TaskReport, POLL_BATCH, RESTORE_ATTEMPTS, RESTORE_CHUNK, RESTORE_RETRY_WAIT};
+use super::{TaskEnv, TaskReport, POLL_BATCH};
 
 /// A task that backs up starts with a marker, and the group's offset follows
 /// acknowledged markers: a committed offset with no marker in the changelog
@@ -45,6 +41,22 @@ fn report_lost_state(shared: &TaskEnv<'_>, partition: i32, committed: u64) {
          the task goes on from that offset with an empty state"
     );
     TaskMetrics::state_lost(&shared.group, partition);
+}
+
+/// A previous owner's records that landed after a newer owner started were
+/// left out of the restore ([`crate::core::fence`]): the partition had two
+/// writers for a while. What they overwrote may be lost if compaction ran
+/// since, so it is an error and a metric.
+fn report_fenced(shared: &TaskEnv<'_>, partition: i32, fenced: u64) {
+    tracing::error!(
+        partition,
+        fenced,
+        changelog = %shared.topics.changelog,
+        "the changelog holds {fenced} records a previous owner wrote after a newer owner of the partition \
+         had started (a member that stalled past its session, or a revoked task's late writes); they are \
+         left out and their keys written again"
+    );
+    TaskMetrics::fenced(&shared.group, partition, fenced);
 }
 
 /// One operator on one input partition.
@@ -87,129 +99,6 @@ impl<O: ServiceOperator> Task<O> {
         }
     }
 
-    /// Builds the task's operator and restores its state: from its local
-    /// store, or by streaming its changelog partition through `loader`. Needs
-    /// nothing of the running loop, so tasks assigned together restore side by
-    /// side ([`restore_all`]).
-    pub(super) fn restore(
-        loader: &ChangelogLoader,
-        operator_config: &O::Config,
-        assigned: Assigned,
-        resident_keys: usize,
-    ) -> Result<Restored<O>, ServiceError> {
-        let partition = assigned.partition;
-        #[cfg(feature = "fault-injection")]
-        if let Some(ms) = std::env::var(FAULT_SLOW_TASK_START_MS)
-            .ok()
-            .and_then(|v| v.parse().ok())
-        {
-            // Test builds only: a slow restore, while the consumer fetches the
-            // partitions assigned with this one.
-            std::thread::sleep(Duration::from_millis(ms));
-        }
-        let restore_error = |source| ServiceError::Restore { partition, source };
-        // A fresh state, on the task's local store if it has one.
-        let new_operator = || {
-            O::for_partition(
-                operator_config,
-                partition as u32,
-                assigned
-                    .store
-                    .as_ref()
-                    .map(|(store, _)| (store.key_store(), resident_keys)),
-            )
-        };
-        let mut operator = new_operator()?;
-        let mut plan = assigned.plan;
-        let mut restored_records = 0;
-        let mut changelog_end = None;
-        let mut restore_seconds = assigned.restore_seconds;
-        let mut rolled_back = Vec::new();
-        if assigned.local {
-            let drifted = operator.load_local_state().map_err(restore_error)?;
-            tracing::info!(
-                partition,
-                drifted,
-                "local store reopened; its drifted keys are owed to the next backup"
-            );
-        } else {
-            let started = Instant::now();
-            let mut attempt = 1;
-            let streamed = loop {
-                // The state logged at the marker the plan resumes from.
-                let mut marked = MarkedState::for_plan(&plan);
-                let mut resolved = Vec::with_capacity(RESTORE_CHUNK);
-                let mut apply = |records: &[BackupEntry]| -> Result<(), String> {
-                    resolved.clear();
-                    marked.resolve(records, &mut resolved).map_err(|e| e.to_string())?;
-                    operator.restore(&resolved).map_err(|e| e.to_string())?;
-                    if let Some((store, meta)) = &assigned.store {
-                        // Written as it is read, so memory holds one chunk; the
-                        // offset is the one the task resumes at.
-                        operator.stage_state();
-                        let mut meta = meta.clone();
-                        meta.checkpoint.next_offset = plan.resume_offset;
-                        store.write(&meta).map_err(|e| e.to_string())?;
-                        operator.state_durable();
-                    }
-                    Ok(())
-                };
-                // Set when the state refused what was read: reading again
-                // would not help.
-                let mut refused = false;
-                let streamed = match injected_restore_failure() {
-                    Some(error) => Err(error),
-                    None => loader.stream(partition, None, RESTORE_CHUNK, |entries| {
-                        apply(entries).inspect_err(|_| refused = true)
-                    }),
-                };
-                match streamed {
-                    Ok(streamed) => {
-                        let restart = marked.finish();
-                        plan = plan.continuing(&restart);
-                        rolled_back = restart.rolled_back;
-                        break streamed;
-                    }
-                    Err(error) if !refused && attempt < RESTORE_ATTEMPTS => {
-                        // A broker that times out or goes away for a moment: read
-                        // the changelog again from its start into a fresh state
-                        // (later records for a key win, so what a partial read
-                        // applied, or wrote to the store, is rewritten).
-                        let wait = RESTORE_RETRY_WAIT.saturating_mul(1 << (attempt - 1));
-                        tracing::warn!(
-                            partition,
-                            attempt,
-                            of = RESTORE_ATTEMPTS,
-                            %error,
-                            retry_in_ms = wait.as_millis() as u64,
-                            "restoring from the changelog failed; reading it again"
-                        );
-                        std::thread::sleep(wait);
-                        attempt += 1;
-                        operator = new_operator()?;
-                    }
-                    Err(error) => {
-                        return Err(ServiceError::Task {
-                            partition,
-                            message: format!("restoring from the changelog (attempt {attempt}): {error}"),
-                        })
-                    }
-                }
-            };
-            restored_records = streamed.records;
-            changelog_end = Some(streamed.end_offset);
-            restore_seconds += started.elapsed().as_secs_f64();
-        }
-        Ok(Restored {
-            operator,
-            assigned: Assigned { plan, ..assigned },
-            restored_records,
-            changelog_end,
-            restore_seconds,
-            rolled_back,
-        })
-    }
-
     /// Starts the task's driver on its restored state.
     pub(super) fn start(
         shared: &TaskEnv<'_>,
@@ -225,6 +114,7 @@ impl<O: ServiceOperator> Task<O> {
             changelog_end,
             restore_seconds,
             rolled_back,
+            fenced,
         } = restored;
         let partition = assigned.partition;
         let restore_error = |source| ServiceError::Restore { partition, source };
@@ -235,6 +125,9 @@ impl<O: ServiceOperator> Task<O> {
         let plan = assigned.plan;
         if controller.mode != Mode::None && plan.source == ResumeSource::Committed {
             report_lost_state(shared, partition, plan.resume_offset);
+        }
+        if fenced > 0 {
+            report_fenced(shared, partition, fenced);
         }
         let mut in_flight = InFlight {
             positions: OutputPositions::new(&shared.group, &shared.topics.input, partition),
@@ -499,6 +392,10 @@ impl<O: ServiceOperator> TaskView for Task<O> {
         self.store.is_none() && !self.driver.is_stopped()
     }
 
+    fn changelog_incarnation(&self) -> u64 {
+        crate::core::fence::incarnation(self.driver.controller().next_seq())
+    }
+
     fn take_fatal(&mut self) -> Option<String> {
         self.in_flight.fatal.take()
     }
@@ -624,7 +521,8 @@ impl<O: ServiceOperator> ManagedTask<TaskEnv<'_>> for Task<O> {
         true
     }
 
-    fn delivered(&mut self, shared: &TaskEnv<'_>, event: DeliveryEvent, now_ms: u64) {
+    fn delivered(&mut self, shared: &TaskEnv<'_>, mut event: DeliveryEvent, now_ms: u64) {
+        event.delivery = event.delivery.in_incarnation_of(self.driver.controller().next_seq());
         let changelog = matches!(event.delivery, Delivery::BackupRecord { .. } | Delivery::Marker { .. });
         if changelog && event.failure.is_some() {
             if let Some((code, reason)) = shared.changelog_producer.client().fatal_error() {

@@ -99,7 +99,7 @@ impl TaskController {
             entries_of,
             acknowledged: false,
         });
-        actions.push(Action::Marker(BackupMarker {
+        actions.push(Action::Marker(Box::new(BackupMarker {
             seq,
             input_offset: covers.offset,
             failures: self.failures,
@@ -110,7 +110,8 @@ impl TaskController {
             covers: covers_backup,
             // The driver fills in the table of the state the marker covers.
             sources: SourcePositions::default(),
-        }));
+            inherited: self.inherited,
+        })));
     }
 
     /// Every output of the items before this position is acknowledged.

@@ -29,6 +29,16 @@ pub(crate) struct SimBroker<Out> {
     pub(crate) log: Vec<BackupEntry>,
     /// Every record that ever landed, in log order: never compacted.
     pub(crate) landed: Vec<BackupEntry>,
+    /// Whether each record of `landed` was written by a zombie owner.
+    pub(super) by_zombie: Vec<bool>,
+    /// Writes of crashed owners that are still on their way.
+    pub(super) zombie: Vec<Write>,
+    pub(super) zombie_writes: bool,
+    /// The current run has landed a record.
+    pub(super) run_landed: bool,
+    /// With zombies: how much of `log` compaction may touch (what landed
+    /// before the last recovery).
+    pub(super) compactable: usize,
     /// Changelog writes in flight, in the producer's order.
     pub(crate) writes: VecDeque<Due<Write>>,
     pub(crate) outputs: Vec<Due<(u64, Out)>>,
@@ -59,6 +69,11 @@ impl<Out> SimBroker<Out> {
             drop_backups: options.drop_backups,
             log: Vec::new(),
             landed: Vec::new(),
+            by_zombie: Vec::new(),
+            zombie: Vec::new(),
+            zombie_writes: options.zombie_writes,
+            run_landed: false,
+            compactable: 0,
             writes: VecDeque::new(),
             outputs: Vec::new(),
             committed: None,
@@ -138,15 +153,42 @@ impl<Out> SimBroker<Out> {
     pub(super) fn land(&mut self, records: &[BackupEntry]) {
         self.log.extend_from_slice(records);
         self.landed.extend_from_slice(records);
+        self.by_zombie.resize(self.landed.len(), false);
+        self.run_landed |= !records.is_empty();
+    }
+
+    /// Once the current run has written the changelog, now and then, the
+    /// crashed owners' writes still on their way land, in their order.
+    fn land_zombie_writes(&mut self) {
+        if self.zombie.is_empty() || !self.run_landed || !self.rng.gen_bool(0.25) {
+            return;
+        }
+        for write in std::mem::take(&mut self.zombie) {
+            let records = match write {
+                Write::Backup { records, .. } => records,
+                Write::Marker { record, .. } => vec![record],
+            };
+            self.log.extend_from_slice(&records);
+            self.landed.extend_from_slice(&records);
+            self.by_zombie.resize(self.landed.len(), true);
+        }
     }
 
     /// The state logged at the last marker, from every record that landed
     /// (compaction aside): each key's latest record before that marker, as
     /// its value decodes. What a recovery must restore, found by position
     /// instead of by the sequences and priors the records carry.
+    /// A zombie owner's records are no one's state: they are left out.
     pub(crate) fn state_at_last_marker(&self) -> Vec<BackupEntry> {
-        let last = self.landed.iter().rposition(BackupMarker::is_marker);
-        let before = last.map_or(&self.landed[..], |at| &self.landed[..at]);
+        let owners: Vec<&BackupEntry> = self
+            .landed
+            .iter()
+            .zip(&self.by_zombie)
+            .filter(|(_, zombie)| !**zombie)
+            .map(|(record, _)| record)
+            .collect();
+        let last = owners.iter().rposition(|r| BackupMarker::is_marker(r));
+        let before = last.map_or(&owners[..], |at| &owners[..at]);
         let mut latest = std::collections::BTreeMap::new();
         for record in before.iter().filter(|r| !BackupMarker::is_marker(r)) {
             latest.insert(record.key.clone(), record.value.clone());
@@ -220,6 +262,7 @@ impl<Out> SimBroker<Out> {
             }
             self.acks.extend(behind);
         }
+        self.land_zombie_writes();
         let mut index = 0;
         while index < self.outputs.len() {
             if self.outputs[index].at <= now || (force && !delivered) {
@@ -246,6 +289,11 @@ impl<Out> SimBroker<Out> {
         let writes: Vec<_> = self.writes.drain(..).collect();
         let landing = self.rng.gen_range(0..=writes.len());
         for (index, Due { what, .. }) in writes.into_iter().enumerate() {
+            if self.zombie_writes && index >= landing {
+                // The owner is stalled, not dead: the rest is still on its way.
+                self.zombie.push(what);
+                continue;
+            }
             if index > landing {
                 break;
             }
@@ -260,6 +308,7 @@ impl<Out> SimBroker<Out> {
                 Write::Marker { .. } => {}
             }
         }
+        self.run_landed = false;
         let mut lost = Vec::new();
         for Due {
             what: (offset, output), ..
@@ -277,16 +326,24 @@ impl<Out> SimBroker<Out> {
 
     /// Compaction as Kafka does it, at a random point: the latest record per key
     /// survives, in log order; deletions may survive a while or go.
+    /// With zombies, only what landed before the last recovery is compacted.
     pub(crate) fn compact(&mut self) {
         let drop_tombstones = self.rng.gen_bool(0.5);
+        let end = if self.zombie_writes {
+            self.compactable
+        } else {
+            self.log.len()
+        };
+        let recent = self.log.split_off(end);
         let mut seen = std::collections::HashSet::new();
-        let mut kept: Vec<BackupEntry> = Vec::with_capacity(self.log.len());
+        let mut kept: Vec<BackupEntry> = Vec::with_capacity(self.log.len() + recent.len());
         for entry in self.log.drain(..).rev() {
             if seen.insert(entry.key.clone()) && !(drop_tombstones && entry.value.is_none()) {
                 kept.push(entry);
             }
         }
         kept.reverse();
+        kept.extend(recent);
         self.log = kept;
     }
 }

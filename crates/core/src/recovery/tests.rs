@@ -1,6 +1,7 @@
 //! Tests of `recovery`.
 
 use super::*;
+use crate::fence::next_incarnation;
 use crate::sources::SourcePosition;
 
 #[test]
@@ -43,8 +44,13 @@ fn a_local_restart_is_exact_and_counts_as_a_failure_unless_clean() {
         plan.sources, checkpoint.sources,
         "a local restart resumes with the store's positions"
     );
-    assert_eq!(plan.next_seq, 40, "above every record the store let out");
-    assert_eq!(crashed.next_seq, 8, "above the marker's");
+    assert_eq!(
+        plan.next_seq,
+        next_incarnation(39),
+        "a new incarnation, above every record the store let out"
+    );
+    assert_eq!(crashed.next_seq, next_incarnation(7), "above the marker's");
+    assert_eq!(crashed.inherited(), u64::MAX, "the store holds every key the log wrote");
 }
 
 fn marker(clean: bool) -> BackupMarker {
@@ -75,6 +81,7 @@ fn marker(clean: bool) -> BackupMarker {
             });
             sources
         },
+        inherited: 4,
     }
 }
 
@@ -96,12 +103,24 @@ fn a_marker_carries_its_source_positions_to_the_plan() {
 fn older_markers_read_without_a_writer_or_what_they_cover() {
     let mut entry = marker(false).to_entry();
     let value = entry.value.as_mut().unwrap();
+    let without_inherited = value.len() - 8;
+    value.truncate(without_inherited);
+    assert_eq!(
+        BackupMarker {
+            inherited: u64::MAX,
+            ..marker(false)
+        },
+        BackupMarker::from_entry(&entry).unwrap(),
+        "written before incarnations: it inherited every earlier backup"
+    );
+    let value = entry.value.as_mut().unwrap();
     let without_positions = value.len() - 4 - 2 * 20;
     value.truncate(without_positions);
     let decoded = BackupMarker::from_entry(&entry).unwrap();
     assert_eq!(
         BackupMarker {
             sources: SourcePositions::default(),
+            inherited: u64::MAX,
             ..marker(false)
         },
         decoded,
@@ -115,6 +134,7 @@ fn older_markers_read_without_a_writer_or_what_they_cover() {
         BackupMarker {
             covers: u64::MAX,
             sources: SourcePositions::default(),
+            inherited: u64::MAX,
             ..marker(false)
         },
         decoded,
@@ -130,6 +150,7 @@ fn older_markers_read_without_a_writer_or_what_they_cover() {
             writer: 0,
             covers: u64::MAX,
             sources: SourcePositions::default(),
+            inherited: u64::MAX,
             ..marker(false)
         },
         decoded
@@ -292,7 +313,11 @@ fn a_record_the_last_marker_does_not_cover_is_restored_as_its_prior_even_compact
             vec![b"a".as_slice(), b"c".as_slice()],
             "written again before the start marker"
         );
-        assert_eq!(state.restart.next_seq, 5, "above every sequence in the log");
+        assert_eq!(
+            state.restart.next_seq,
+            next_incarnation(4),
+            "a new incarnation, above every sequence in the log"
+        );
     }
 }
 
@@ -330,8 +355,8 @@ fn record_by_record_resolution_gives_what_the_reader_gives() {
     let restart = marked.finish();
     assert_eq!(restart, read_changelog(&log).unwrap().restart);
     let continued = plan.clone().continuing(&restart);
-    assert_eq!(continued.next_seq, 5, "above backup 4");
-    assert_eq!(plan.next_seq, 4, "the marker's own sequence + 1");
+    assert_eq!(continued.next_seq, next_incarnation(4), "above backup 4");
+    assert_eq!(plan.next_seq, next_incarnation(3), "above the marker's own sequence");
 }
 
 #[test]
@@ -352,7 +377,12 @@ fn a_crash_resumes_at_the_marker_counts_a_failure_and_reports_its_bound() {
     assert_eq!(plan.resume_offset, 1000);
     assert_eq!(plan.introduced.state, 12.5, "θ alone, whatever α and l");
     assert_eq!(plan.introduced.outputs, 100.0, "l·β repeated");
-    assert_eq!((plan.covers, plan.next_seq), (6, 8));
+    assert_eq!((plan.covers, plan.next_seq), (6, next_incarnation(7)));
+    assert_eq!(
+        plan.inherited(),
+        6,
+        "the new incarnation's state includes what the marker covers"
+    );
 }
 
 #[test]
@@ -367,4 +397,110 @@ fn without_a_marker_the_committed_offset_or_the_start() {
     // Mode none ignores markers a differently configured run left behind.
     let plan = RecoveryPlan::decide(Mode::None, Some(&marker(false)), Some(40), 5, C);
     assert_eq!((plan.resume_offset, plan.counted_failure), (40, false));
+}
+
+/// Incarnation `of`'s backup `n`.
+fn seq(of: u64, n: u64) -> u64 {
+    (of << crate::fence::COUNTER_BITS) | n
+}
+
+/// A marker of incarnation `of` at `input_offset`, covering backup `covers`,
+/// its incarnation having inherited backups up to `inherited`.
+fn marker_of(of: u64, n: u64, input_offset: u64, covers: u64, inherited: u64) -> BackupMarker {
+    BackupMarker {
+        seq: seq(of, n),
+        input_offset,
+        covers,
+        inherited,
+        ..marker(false)
+    }
+}
+
+fn restored(state: &ChangelogState, key: &[u8]) -> Option<f64> {
+    state
+        .entries
+        .iter()
+        .find(|e| e.key_body() == key)
+        .and_then(|e| e.value.as_deref().map(|v| crate::entry::decode_f64(v).unwrap()))
+}
+
+#[test]
+fn a_zombie_writing_behind_the_next_owner_is_left_out_and_its_keys_written_again() {
+    // Owner 1 logged a = 1 at its marker; owner 2 restored that, started,
+    // and wrote b; then owner 1's queued backup and marker landed late.
+    let owner_1 = marker_of(1, 3, 10, seq(1, 2), u64::MAX);
+    let owner_2 = marker_of(2, 2, 10, seq(2, 1), seq(1, 2));
+    let zombie = marker_of(1, 5, 50, seq(1, 4), u64::MAX);
+    let log = vec![
+        logged(b"a", seq(1, 2), 1.0, None),
+        owner_1.to_entry(),
+        logged(b"b", seq(2, 1), 4.0, None),
+        owner_2.to_entry(),
+        logged(b"a", seq(1, 4), 9.0, Some(1.0)),
+        zombie.to_entry(),
+    ];
+    let state = read_changelog(&log).unwrap();
+    assert_eq!(state.marker, Some(owner_2), "the zombie's marker is not the last");
+    assert_eq!(restored(&state, b"a"), Some(1.0), "owner 2's a, not the zombie's");
+    assert_eq!(restored(&state, b"b"), Some(4.0));
+    assert_eq!(state.restart.fenced, 1);
+    let rolled: Vec<&[u8]> = state.restart.rolled_back.iter().map(|e| e.key_body()).collect();
+    assert_eq!(
+        rolled,
+        vec![b"a".as_slice()],
+        "the zombie's record stops being a's latest"
+    );
+    assert_eq!(crate::fence::incarnation(state.restart.next_seq), 3);
+    // Record by record, as the service streams it: the same state, and the
+    // fenced key's value found by a second read.
+    let plan = RecoveryPlan::decide(Mode::Approximate, state.marker.as_ref(), None, 0, C);
+    let mut first = MarkedState::for_plan(&plan);
+    let mut applied = Vec::new();
+    first.resolve(&log, &mut applied).unwrap();
+    let first = first.finish();
+    assert_eq!(
+        first.last_marker, state.marker,
+        "the streamed read agrees on the marker"
+    );
+    assert!(first.rolled_back.is_empty());
+    let unresolved = first.unresolved.clone();
+    assert_eq!(unresolved.len(), 1);
+    let mut second = MarkedState::for_plan(&plan).watching(&unresolved);
+    second.resolve(&log, &mut Vec::new()).unwrap();
+    assert_eq!(second.finish().rolled_back, state.restart.rolled_back);
+}
+
+#[test]
+fn a_zombie_record_landing_before_the_next_owners_first_write_is_left_out_under_its_markers() {
+    // Owner 2 read the log up to owner 1's marker; owner 1's late record of
+    // a landed before owner 2's first write. Owner 2's later marker covers
+    // sequences above it, yet its incarnation inherited only up to backup 2.
+    let owner_1 = marker_of(1, 3, 10, seq(1, 2), u64::MAX);
+    let owner_2_start = marker_of(2, 1, 10, seq(1, 2), seq(1, 2));
+    let owner_2 = marker_of(2, 3, 30, seq(2, 2), seq(1, 2));
+    let log = vec![
+        logged(b"a", seq(1, 2), 1.0, None),
+        owner_1.to_entry(),
+        logged(b"a", seq(1, 4), 9.0, Some(1.0)),
+        owner_2_start.to_entry(),
+        logged(b"b", seq(2, 2), 4.0, None),
+        owner_2.to_entry(),
+    ];
+    let state = read_changelog(&log).unwrap();
+    assert_eq!(state.marker, Some(owner_2));
+    assert_eq!(restored(&state, b"a"), Some(1.0), "above what owner 2 inherited");
+    assert_eq!(state.restart.fenced, 1);
+    assert_eq!(restored(&state, b"b"), Some(4.0));
+}
+
+#[test]
+fn a_later_start_without_a_marker_restores_as_its_priors_even_compacted() {
+    // Owner 2 wrote the keys it rolled back and died before its start
+    // marker; compaction removed owner 1's record they superseded.
+    let owner_1 = marker_of(1, 3, 10, seq(1, 2), u64::MAX);
+    let log = vec![owner_1.to_entry(), logged(b"a", seq(2, 1), 5.0, Some(5.0))];
+    let state = read_changelog(&log).unwrap();
+    assert_eq!(state.marker, Some(owner_1));
+    assert_eq!(restored(&state, b"a"), Some(5.0));
+    assert_eq!(state.restart.fenced, 0);
 }

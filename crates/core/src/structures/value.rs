@@ -18,6 +18,9 @@ pub struct TrackedValue {
     /// A failed backup wrote the value: the store may hold it, so the next backup
     /// writes the value again even if it equals the baseline.
     owed: bool,
+    /// The log has held the value (restored from it, or written): before
+    /// that, a backup's prior is "no key", as the log says.
+    logged: bool,
 }
 
 impl TrackedValue {
@@ -28,6 +31,7 @@ impl TrackedValue {
             backed: 0.0,
             pending: Vec::new(),
             owed: false,
+            logged: false,
         }
     }
 
@@ -68,7 +72,8 @@ impl Tracked for TrackedValue {
             return;
         }
         self.owed = false;
-        out.push_f64(self.tag, |_| {}, self.live, Some(self.backed));
+        out.push_f64(self.tag, |_| {}, self.live, self.logged.then_some(self.backed));
+        self.logged = true;
         // Measured from the last backup issued (see `DriftSlots`).
         self.backed = self.live;
         self.pending.push(seq);
@@ -92,6 +97,7 @@ impl Tracked for TrackedValue {
         };
         self.live = value;
         self.backed = value;
+        self.logged = entry.value.is_some();
         Ok(())
     }
 }

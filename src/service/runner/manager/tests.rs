@@ -80,6 +80,9 @@ impl TaskView for FakeTask {
     fn parkable(&self) -> bool {
         !self.on_store && !self.stopped
     }
+    fn changelog_incarnation(&self) -> u64 {
+        7
+    }
     fn take_fatal(&mut self) -> Option<String> {
         self.fatal.take()
     }
@@ -157,7 +160,8 @@ fn a_lost_task_is_parked_keeps_its_reports_and_gets_them_when_regained() {
         parked,
         Some(Parked {
             next_offset: 100,
-            changelog_end: 77
+            changelog_end: 77,
+            incarnation: 7,
         })
     );
     assert!(manager.is_parked(0));
