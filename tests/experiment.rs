@@ -143,6 +143,10 @@ fn an_experiment_with_three_kills_reports_each_recovery_and_stays_within_its_bou
     }
     assert_eq!(failed["recoveries_within_bound"], true, "{failed}");
     assert_eq!(clean["recoveries_within_bound"], serde_json::Value::Null, "{clean}");
+    assert_eq!(
+        failed["logged_bounds_as_computed"], true,
+        "each logged bound within Θ/tasks/2^k, computed by the experiment: {failed}"
+    );
     // The changelog is read back after each run: the killed processes'
     // backups count too.
     for run in [clean, failed] {
@@ -199,6 +203,40 @@ fn an_experiment_whose_backups_write_nothing_is_reported_outside_its_bound() {
     assert_eq!(
         failed["recoveries_within_bound"], false,
         "a restored state without its backups is caught at the recovery: {failed}"
+    );
+}
+
+/// The same experiment with a controller that never halves: its logged
+/// bounds stay at the first failure's, and the experiment, which computes
+/// each failure's bound from Θ itself, says so.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn an_experiment_whose_thresholds_never_halve_is_caught_by_its_own_bounds() {
+    let dir = test_dir("experiment-never-halve");
+    let broker = Broker::start(&dir);
+    let config = dir.join("sums.toml");
+    write_config(&config, &broker);
+    let out_dir = dir.join("report");
+    let output = experiment(
+        &config,
+        &out_dir,
+        &[(afstream::service::runner::FAULT_NEVER_HALVE, "1")],
+        &["--items", "40000"],
+    );
+    assert!(
+        output.status.success(),
+        "experiment failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let failed = &report(&out_dir)["runs"][1];
+    let recoveries = failed["recoveries"].as_array().expect("recoveries");
+    assert!(
+        recoveries.iter().any(|r| r["failures"].as_u64() >= Some(2)),
+        "a partition failed twice: {failed}"
+    );
+    assert_eq!(
+        failed["logged_bounds_as_computed"], false,
+        "bounds that never halve must be caught: {failed}"
     );
 }
 

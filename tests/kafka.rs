@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use afstream::core::{AnalysisConstants, FailurePolicy, GlobalThresholds, Operator, Placement, ThresholdPolicy};
+use afstream::core::Operator;
 use afstream::eval::demo::logged_recoveries;
 use afstream::eval::produce::{produce, text_records, InputRecord};
 use afstream::operators::{HeavyHitterConfig, HeavyHitters, HitterThreshold, WordCount, WordCountConfig};
@@ -222,22 +222,13 @@ fn kill_after_outputs(broker: &Broker, p: &Pipeline, log: &str, at: i64) {
     service.kill();
 }
 
-/// The bound the harness computes itself: `kills` failures under the halving
-/// policy with these thresholds (a failure is counted at most once per kill).
-fn independent_bound(
-    thresholds: (f64, u64, u64),
-    constants: AnalysisConstants,
-    additive: bool,
-    partitions: u32,
-    kills: u32,
-) -> f64 {
-    let global = GlobalThresholds::new(thresholds.0, thresholds.1, thresholds.2).expect("thresholds");
-    let placement = Placement {
-        parallelism: partitions,
-        ..Placement::default()
-    };
-    let policy = ThresholdPolicy::new(global, FailurePolicy::Halving, placement, additive, constants).expect("policy");
-    policy.bound_after(kills, constants).state
+/// The state bound of `failures` failures of one task under the halving
+/// policy, from the config's Θ alone: a task of an additive divergence gets
+/// Θ/`tasks` (with another divergence each gets the whole Θ), starts at half
+/// of it and halves after every recovery, and a failure adds the θ its last
+/// marker was written under: Θ/tasks · (1/2 + 1/4 + … + 1/2^failures).
+fn halving_bound(theta: f64, tasks: u32, failures: u32) -> f64 {
+    theta / f64::from(tasks) * (1.0 - 0.5f64.powi(failures as i32))
 }
 
 /// Σ |count − exact count| over every word.
@@ -248,14 +239,10 @@ fn l1_error(counts: &HashMap<String, f64>, exact: &HashMap<String, f64>) -> f64 
         .sum()
 }
 
-/// The bound of `kills` failures of the tests' WordCount on one partition.
+/// The bound of `kills` failures of the tests' WordCount (L1, additive) on
+/// one partition.
 fn word_count_bound(thresholds: (f64, u64, u64), kills: u32) -> f64 {
-    let op = WordCount::new(WordCountConfig {
-        max_words_per_line: MAX_WORDS,
-        ..WordCountConfig::default()
-    })
-    .expect("word count");
-    independent_bound(thresholds, op.constants(), op.norm().is_additive(), 1, kills)
+    halving_bound(thresholds.0, 1, kills)
 }
 
 #[test]
@@ -384,7 +371,9 @@ fn heavy_hitters_survive_two_sigkills_with_perfect_precision_and_recall() {
         ..HeavyHitterConfig::default()
     })
     .expect("heavy hitters");
-    let bound = independent_bound(thresholds, op.constants(), op.norm().is_additive(), 2, 2);
+    // The sketch's divergence does not add up over tasks: each gets all of Θ.
+    assert!(!op.norm().is_additive());
+    let bound = halving_bound(thresholds.0, 1, 2);
     assert!(bound < 8.5e5, "the test's gap must exceed the bound ({bound})");
 
     for (i, at) in [5, 12].iter().enumerate() {
@@ -1465,9 +1454,9 @@ fn a_zombie_owners_late_changelog_writes_are_left_out_and_the_state_stays_within
         .map(|log| log_lines(log, "recovered from a failure").len())
         .sum();
     assert!(failures >= 1, "the stalled instance's partition was recovered");
-    // Θ split over the two partitions, halved once at the start: a failure
-    // adds at most Θ/4 to a partition's counts (less after the first).
-    let bound = failures as f64 * thresholds.0 / 4.0;
+    // L1 adds up over the two partitions' tasks: a failure adds at most what
+    // a task's first one does (Θ/2 halved at the start), less after it.
+    let bound = failures as f64 * halving_bound(thresholds.0, 2, 1);
     for (what, counts) in [
         ("changelog", changelog_counts(&broker, &p)),
         ("output", output_counts(&broker, &p.output)),
@@ -1782,14 +1771,10 @@ fn three_instances_on_six_partitions_survive_a_clean_stop_and_a_kill_with_every_
         c_partitions.iter().all(|p| failures.contains_key(p)),
         "every partition of the killed instance recovered: {failures:?} vs {c_partitions:?}"
     );
-    let op = WordCount::new(WordCountConfig {
-        max_words_per_line: MAX_WORDS,
-        ..WordCountConfig::default()
-    })
-    .expect("word count");
+    // L1 adds up over the six partitions' tasks: each gets Θ/6.
     let bound: f64 = failures
         .values()
-        .map(|&k| independent_bound(thresholds, op.constants(), true, 6, k as u32))
+        .map(|&k| halving_bound(thresholds.0, 6, k as u32))
         .sum();
     let counts = changelog_counts(&broker, &p);
     let error = l1_error(&counts, &exact);

@@ -313,7 +313,7 @@ impl Convergence<'_> {
         // A worker's state also follows the global models it takes in,
         // which its input alone does not give: no exact state to hold a
         // restored one against.
-        let recoveries = recovery_records(&logged, |_| None);
+        let recoveries = recovery_records(&logged, None, |_| None);
         Ok(ConvergenceRun {
             label,
             consistency,

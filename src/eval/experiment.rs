@@ -20,7 +20,7 @@ use super::observed::{observed_divergences, RestoreCheck};
 use super::produce::{produce_from, Encoder, InputRecord, ProduceOptions};
 use crate::core::recovery::BackupMarker;
 use crate::service::config::KafkaConfig;
-use crate::service::config::{self, Config, OperatorConfig};
+use crate::service::config::{self, Config, OperatorConfig, PolicyName};
 use crate::service::kafka::{ensure_topics, ChangelogLoader, TopicReader, TopicSpec};
 use crate::service::ServiceError;
 
@@ -107,6 +107,45 @@ pub struct RunOutcome {
     /// the bound of the partition's failures so far (none restored from it: no
     /// answer).
     pub recoveries_within_bound: Option<bool>,
+    /// Whether every bound the service logged is within the one computed
+    /// here (a controller that does not halve logs larger ones); none where
+    /// nothing is computed here.
+    pub logged_bounds_as_computed: Option<bool>,
+}
+
+/// The state bounds of a partition's failures under the halving policy,
+/// computed from the config's Θ and the number of tasks, not taken from the
+/// service's log: a task of an additive divergence gets Θ/tasks (each gets
+/// Θ otherwise), starts at half of it and halves after each recovery, so
+/// its k-th failure adds at most Θ/tasks/2^k.
+#[derive(Clone, Copy, Debug)]
+pub struct HalvingBounds {
+    per_task: f64,
+}
+
+impl HalvingBounds {
+    /// None for another policy or a chain's stage (their split is not this).
+    pub fn of(config: &Config, partitions: usize) -> Result<Option<Self>, ServiceError> {
+        let ft = &config.pipeline.fault_tolerance;
+        if ft.policy != PolicyName::Halving || ft.recover_after_items.is_some() || config.stage.is_some() {
+            return Ok(None);
+        }
+        let additive = crate::service::check::plan(config, partitions)?.norm.is_additive();
+        let tasks = if additive { partitions as f64 } else { 1.0 };
+        Ok(Some(HalvingBounds {
+            per_task: ft.theta / tasks,
+        }))
+    }
+
+    /// The bound of a partition's `k`-th failure.
+    pub fn failure(self, k: u32) -> f64 {
+        self.per_task / 2f64.powi(k.min(1023) as i32)
+    }
+
+    /// The bound of its first `k` failures together.
+    pub fn first(self, k: u32) -> f64 {
+        (1..=k).map(|i| self.failure(i)).sum()
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -124,8 +163,11 @@ pub struct RecoveryRecord {
     /// own offset).
     pub observed_state: Option<f64>,
     /// What the partition's failures so far may have left in that state: the
-    /// sum of their state bounds, this one's included.
+    /// sum of their state bounds, this one's included (computed here from Θ
+    /// under the halving policy, see [`HalvingBounds`]; else as logged).
     pub bound_so_far: f64,
+    /// This failure's state bound as computed here, where it can be.
+    pub bound_computed: Option<f64>,
 }
 
 /// A run's changelog, read back: backups' entries and markers (each backup
@@ -157,7 +199,11 @@ fn changelog_written(config: &Config, group: &str, partitions: usize) -> Result<
 
 /// The run's recoveries, each with the divergence observed in the state it
 /// restored (see [`super::observed`]) and the bound that covers it.
-fn checked_recoveries(config: &Config, logged: Vec<LoggedRecovery>) -> Result<Vec<RecoveryRecord>, ServiceError> {
+fn checked_recoveries(
+    config: &Config,
+    partitions: usize,
+    logged: Vec<LoggedRecovery>,
+) -> Result<Vec<RecoveryRecord>, ServiceError> {
     let checks: Vec<RestoreCheck> = logged
         .iter()
         .filter_map(|r| {
@@ -169,7 +215,8 @@ fn checked_recoveries(config: &Config, logged: Vec<LoggedRecovery>) -> Result<Ve
         })
         .collect();
     let mut observed = observed_divergences(config, &checks)?.into_iter();
-    Ok(recovery_records(&logged, |r| {
+    let computed = HalvingBounds::of(config, partitions)?;
+    Ok(recovery_records(&logged, computed, |r| {
         r.changelog_end.and_then(|_| observed.next())
     }))
 }
@@ -178,17 +225,19 @@ fn checked_recoveries(config: &Config, logged: Vec<LoggedRecovery>) -> Result<Ve
 /// each (in order).
 pub fn recovery_records(
     logged: &[LoggedRecovery],
+    computed: Option<HalvingBounds>,
     mut observed: impl FnMut(&LoggedRecovery) -> Option<f64>,
 ) -> Vec<RecoveryRecord> {
     // A partition's failure count rises by one at each recovery (a clean
     // restart keeps it), so the recoveries with a count up to this one's are
     // this one and those before it.
-    let bound_so_far = |r: &LoggedRecovery| {
-        logged
+    let bound_so_far = |r: &LoggedRecovery| match computed {
+        Some(bounds) => bounds.first(r.failures),
+        None => logged
             .iter()
             .filter(|o| o.partition == r.partition && o.failures <= r.failures)
             .map(|o| o.bound_state)
-            .sum::<f64>()
+            .sum::<f64>(),
     };
     logged
         .iter()
@@ -201,8 +250,20 @@ pub fn recovery_records(
             restore_seconds: r.restore_seconds,
             observed_state: observed(r),
             bound_so_far: bound_so_far(r),
+            bound_computed: computed.map(|bounds| bounds.failure(r.failures)),
         })
         .collect()
+}
+
+/// Whether every bound the service logged is within the one computed here
+/// (none computed: no answer).
+fn logged_bounds_as_computed(recoveries: &[RecoveryRecord]) -> Option<bool> {
+    let mut checked = recoveries
+        .iter()
+        .filter_map(|r| Some((r.bound_state, r.bound_computed?)))
+        .peekable();
+    checked.peek()?;
+    Some(checked.all(|(logged, computed)| logged <= computed * (1.0 + 1e-9) + 1e-9))
 }
 
 /// Whether every observed divergence is within its bound (none observed: no
@@ -436,7 +497,7 @@ impl Experiment<'_> {
             .filter_map(|log| std::fs::read_to_string(log).ok())
             .flat_map(|text| logged_recoveries(&text))
             .collect();
-        let recoveries = checked_recoveries(&config, logged)?;
+        let recoveries = checked_recoveries(&config, options.partitions, logged)?;
         let report = exact(&config, true)?;
         // `+ 0.0`: an empty sum is -0.0.
         let bound_state = recoveries.iter().map(|r| r.bound_state).sum::<f64>() + 0.0;
@@ -467,6 +528,7 @@ impl Experiment<'_> {
             changelog: changelog_written(&config, &group, options.partitions)?,
             within_bound,
             recoveries_within_bound: recoveries_within_bound(&recoveries),
+            logged_bounds_as_computed: logged_bounds_as_computed(&recoveries),
             recoveries,
         };
         Ok((outcome, report.answer))

@@ -39,6 +39,25 @@ pub(super) fn injected_restore_failure() -> Option<KafkaSetupError> {
 #[cfg(feature = "fault-injection")]
 pub const FAULT_SKIP_BACKUPS: &str = "AFSTREAM_FAULT_SKIP_BACKUPS";
 
+/// Set in the environment of a build with the `fault-injection` feature, the
+/// tasks keep the thresholds of failure 0 after every recovery (a broken
+/// controller, for tests that must catch it).
+#[cfg(feature = "fault-injection")]
+pub const FAULT_NEVER_HALVE: &str = "AFSTREAM_FAULT_NEVER_HALVE";
+
+/// `controller` with the faults the environment asks for (test builds only).
+pub(super) fn with_controller_faults(controller: crate::core::ControllerConfig) -> crate::core::ControllerConfig {
+    #[cfg(feature = "fault-injection")]
+    if std::env::var_os(FAULT_NEVER_HALVE).is_some() {
+        tracing::warn!("{FAULT_NEVER_HALVE} is set: the thresholds never halve");
+        return controller.with_faults(crate::core::ControllerFaults {
+            never_halve: true,
+            ..crate::core::ControllerFaults::default()
+        });
+    }
+    controller
+}
+
 /// Set in the environment of a build with the `fault-injection` feature to N,
 /// every task takes N ms more to start, as a long restore does.
 #[cfg(feature = "fault-injection")]

@@ -388,7 +388,7 @@ pub fn run_pipeline<O: ServiceOperator>(
     let partitions = prepare_topics::<O>(kafka, &topics, operator_config, stop)?;
     let mut feedback = FeedbackReader::open::<O>(config, stop)?;
     let plan = TaskPlan::new::<O>(config, operator_config, partitions)?;
-    let controller = plan.controller;
+    let controller = faults::with_controller_faults(plan.controller);
     if let Some(warning) = plan.warning() {
         tracing::warn!("{warning}");
     }
