@@ -500,7 +500,13 @@ fn a_later_start_without_a_marker_restores_as_its_priors_even_compacted() {
     let owner_1 = marker_of(1, 3, 10, seq(1, 2), u64::MAX);
     let log = vec![owner_1.to_entry(), logged(b"a", seq(2, 1), 5.0, Some(5.0))];
     let state = read_changelog(&log).unwrap();
-    assert_eq!(state.marker, Some(owner_1));
+    assert_eq!(state.marker, Some(owner_1.clone()));
     assert_eq!(restored(&state, b"a"), Some(5.0));
     assert_eq!(state.restart.fenced, 0);
+    // The next start is a new incarnation above owner 2's, not 2 again: its
+    // records must not pass for owner 2's (nor theirs for its own).
+    let plan = RecoveryPlan::decide(Mode::Approximate, Some(&owner_1), None, 0, C);
+    assert_eq!(crate::fence::incarnation(plan.next_seq), 2, "above the marker's");
+    let plan = plan.continuing(&state.restart);
+    assert_eq!(crate::fence::incarnation(plan.next_seq), 3, "above every record read");
 }
