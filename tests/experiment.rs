@@ -172,29 +172,30 @@ fn an_experiment_with_three_kills_reports_each_recovery_and_stays_within_its_bou
     assert!(markdown.contains("| failure-free | 0 | 0 |"), "{markdown}");
 }
 
-/// The same experiment with backups that write nothing (while the bounds are
-/// still claimed and logged): the output is far off and the report says so.
+/// The experiment on the sums config in a build whose fault switch `fault`
+/// is set; its run with kills, from the report.
 #[cfg(feature = "fault-injection")]
-#[test]
-fn an_experiment_whose_backups_write_nothing_is_reported_outside_its_bound() {
-    let dir = test_dir("experiment-broken");
+fn run_with_kills_under(name: &str, fault: &str, extra: &[&str]) -> serde_json::Value {
+    let dir = test_dir(name);
     let broker = Broker::start(&dir);
     let config = dir.join("sums.toml");
     write_config(&config, &broker);
     let out_dir = dir.join("report");
-    let output = experiment(
-        &config,
-        &out_dir,
-        &[(afstream::service::runner::FAULT_SKIP_BACKUPS, "1")],
-        &[],
-    );
+    let output = experiment(&config, &out_dir, &[(fault, "1")], extra);
     assert!(
         output.status.success(),
         "experiment failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let report = report(&out_dir);
-    let failed = &report["runs"][1];
+    report(&out_dir)["runs"][1].clone()
+}
+
+/// The same experiment with backups that write nothing (while the bounds are
+/// still claimed and logged): the output is far off and the report says so.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn an_experiment_whose_backups_write_nothing_is_reported_outside_its_bound() {
+    let failed = &run_with_kills_under("experiment-broken", afstream::service::runner::FAULT_SKIP_BACKUPS, &[]);
     assert!(
         failed["recoveries"].as_array().is_some_and(|r| !r.is_empty()),
         "the kills were recovered from: {failed}"
@@ -212,23 +213,11 @@ fn an_experiment_whose_backups_write_nothing_is_reported_outside_its_bound() {
 #[cfg(feature = "fault-injection")]
 #[test]
 fn an_experiment_whose_thresholds_never_halve_is_caught_by_its_own_bounds() {
-    let dir = test_dir("experiment-never-halve");
-    let broker = Broker::start(&dir);
-    let config = dir.join("sums.toml");
-    write_config(&config, &broker);
-    let out_dir = dir.join("report");
-    let output = experiment(
-        &config,
-        &out_dir,
-        &[(afstream::service::runner::FAULT_NEVER_HALVE, "1")],
+    let failed = &run_with_kills_under(
+        "experiment-never-halve",
+        afstream::service::runner::FAULT_NEVER_HALVE,
         &["--items", "40000"],
     );
-    assert!(
-        output.status.success(),
-        "experiment failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let failed = &report(&out_dir)["runs"][1];
     let recoveries = failed["recoveries"].as_array().expect("recoveries");
     assert!(
         recoveries.iter().any(|r| r["failures"].as_u64() >= Some(2)),

@@ -426,15 +426,19 @@ impl ChangelogReader {
 /// The last marker of `log` that the log's order admits ([`crate::fence`]),
 /// as if the log began with `log`: what a recovery resumes from.
 pub fn last_marker_in_order(log: &[BackupEntry]) -> Result<Option<BackupMarker>, CoreError> {
-    let mut scan = MarkedState::new(None);
+    let mut order = LogOrder::default();
+    let mut last = None;
     for record in log {
         if BackupMarker::is_marker(record) {
-            scan.see_marker(record)?;
+            let marker = BackupMarker::from_entry(record)?;
+            if order.admits(marker.seq) {
+                last = Some(marker);
+            }
         } else if record.value.is_some() {
-            scan.order.admits(LoggedValue::seq_of(record.value.as_deref())?);
+            order.admits(LoggedValue::seq_of(record.value.as_deref())?);
         }
     }
-    Ok(scan.last_marker)
+    Ok(last)
 }
 
 /// Reads a whole changelog held in memory.

@@ -152,11 +152,11 @@ impl<O: ServiceOperator> Restores<O> {
     pub(super) fn finished(&mut self) -> Result<Vec<Restored<O>>, ServiceError> {
         let mut ready = Vec::new();
         while let Ok(Finished { batch, restored }) = self.finished.try_recv() {
-            let wanted = |pending: &HashMap<i32, u64>, partition: i32| pending.get(&partition) == Some(&batch);
             match restored {
                 Ok(restored) => {
                     for task in restored {
-                        if wanted(&self.pending, task.assigned.partition) {
+                        // Not assigned again since, nor revoked or lost.
+                        if self.pending.get(&task.assigned.partition) == Some(&batch) {
                             self.pending.remove(&task.assigned.partition);
                             ready.push(task);
                         }
@@ -171,9 +171,8 @@ impl<O: ServiceOperator> Restores<O> {
 }
 
 /// Restores the tasks assigned together side by side, in the order given.
-/// A single one restores through `loader` (the one the rebalance read the
-/// markers with, connected); several share a few workers, the first with
-/// `loader`, the others with readers from `pool`.
+/// A single one restores through `loader`; several share a few workers, the
+/// first with `loader`, the others with readers from `pool`.
 pub(super) fn restore_all<O: ServiceOperator>(
     loader: &ChangelogLoader,
     pool: &ReaderPool,
@@ -397,14 +396,10 @@ fn read_once<O: ServiceOperator>(
 /// decided from; if so the plan is decided again from the one found, the
 /// task's store emptied, and the plan continues above the sequences read.
 fn decided_again(assigned: &mut Assigned, restart: &Restart) -> Result<bool, ServiceError> {
-    let Some(inputs) = assigned.inputs.as_mut() else {
+    let Some(inputs) = assigned.inputs.as_mut().filter(|i| i.marker != restart.last_marker) else {
         assigned.plan = assigned.plan.clone().continuing(restart);
         return Ok(false);
     };
-    if inputs.marker == restart.last_marker {
-        assigned.plan = assigned.plan.clone().continuing(restart);
-        return Ok(false);
-    }
     tracing::warn!(
         partition = assigned.partition,
         read_back = ?inputs.marker.as_ref().map(|m| m.input_offset),
