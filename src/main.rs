@@ -40,6 +40,10 @@ enum Command {
     /// (each followed by a restart), both against the exact answer: a JSON and
     /// a Markdown report.
     Experiment(ExperimentArgs),
+    /// The thresholds that keep the error within a budget on a sample of the
+    /// pipeline's input, with what each choice costs; --write puts them into
+    /// the config file.
+    Tune(TuneArgs),
     /// The whole story on a real broker: packets in, a heavy-hitter pipeline
     /// killed with SIGKILL and restarted, the answer against the exact one and
     /// each partition's error against its bound.
@@ -100,6 +104,60 @@ struct CheckArgs {
     /// Check only this pipeline of a file of several (default: all of them).
     #[arg(long)]
     pipeline: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct TuneArgs {
+    /// The pipeline's config file (TOML).
+    #[arg(long)]
+    config: std::path::PathBuf,
+    /// E: the relative error accepted, as a share (0.005) or a percentage
+    /// (0.5%), in the workload's own terms (see docs/tuning.md).
+    #[arg(long, value_parser = parse_share)]
+    error: f64,
+    /// K: the failures the budget must survive (default: any number, through
+    /// the halving policy).
+    #[arg(long)]
+    failures: Option<u32>,
+    /// Records to sample: the budget holds as a share of a stream this long
+    /// (and a smaller share of a longer one).
+    #[arg(long, default_value_t = 20_000)]
+    sample: usize,
+    /// Sample this file (laid out as `produce --file` reads it) instead of
+    /// the input topic.
+    #[arg(long)]
+    input: Option<std::path::PathBuf>,
+    #[arg(long, value_enum)]
+    file_format: Option<eval::produce::FileFormat>,
+    /// With --input: the input topic's partitions (one task each).
+    #[arg(long, default_value_t = 1)]
+    partitions: usize,
+    /// Write the recommended thresholds into the config file (comments kept).
+    #[arg(long)]
+    write: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+    /// The pipeline, in a file of several.
+    #[arg(long)]
+    pipeline: Option<String>,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+}
+
+/// `0.005` or `0.5%`.
+fn parse_share(text: &str) -> Result<f64, String> {
+    let (number, scale) = match text.trim().strip_suffix('%') {
+        Some(percent) => (percent, 0.01),
+        None => (text.trim(), 1.0),
+    };
+    number
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .map(|n| n * scale)
+        .filter(|share| share.is_finite() && *share > 0.0)
+        .ok_or_else(|| format!("{text:?} is not a positive share (0.005) or percentage (0.5%)"))
 }
 
 #[derive(clap::Args)]
@@ -257,6 +315,7 @@ fn main() -> ExitCode {
         Command::Produce(args) => produce(&args),
         Command::Exact(args) => exact(&args),
         Command::Experiment(args) => experiment(&args),
+        Command::Tune(args) => tune(&args),
         Command::Demo(args) => demo(&args),
     };
     match result {
@@ -342,13 +401,7 @@ fn produce(args: &ProduceArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let (summary, source) = match &args.file {
         Some(path) => {
-            let layout = args
-                .file_format
-                .unwrap_or_else(|| match path.extension().and_then(|e| e.to_str()) {
-                    Some("csv") => FileFormat::Csv,
-                    Some("jsonl" | "json") => FileFormat::JsonLines,
-                    _ => FileFormat::Lines,
-                });
+            let layout = args.file_format.unwrap_or_else(|| FileFormat::of(path));
             let records = encoder.file(path, layout)?;
             let summary = eval::produce::produce_from(&kafka, &args.topic, args.partitions, records, &options(None))?;
             (summary, format!("{} ({layout:?})", path.display()))
@@ -535,6 +588,39 @@ fn exact(args: &ExactArgs) -> Result<(), Box<dyn std::error::Error>> {
                  are not combined"
             ),
         },
+    }
+    Ok(())
+}
+
+fn tune(args: &TuneArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let config = service::config::load_named(&args.config, &env, args.pipeline.as_deref())?;
+    let options = eval::tune::TuneOptions {
+        error: args.error,
+        failures: args.failures,
+        sample: args.sample,
+        input: args.input.clone(),
+        file_format: args.file_format,
+        partitions: args.partitions,
+        seed: args.seed,
+    };
+    let report = eval::tune::tune(&config, &options)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", eval::tune::render(&report));
+    }
+    if args.write {
+        let chosen = report
+            .recommendation()
+            .ok_or("no candidate meets the budget: nothing written")?;
+        eval::tune::write_thresholds(&args.config, config.name.as_deref(), chosen)?;
+        eprintln!(
+            "wrote theta = {}, max_uncovered = {}, max_unacked = {} into {}",
+            chosen.theta,
+            chosen.max_uncovered,
+            chosen.max_unacked,
+            args.config.display()
+        );
     }
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! The `afstream` command without a broker: `afstream check` on the shipped
-//! configs and on broken ones.
+//! configs and on broken ones, `afstream tune` on a file.
 
 use std::process::{Command, Output};
 
@@ -67,4 +67,59 @@ fn check_refuses_a_bad_config_naming_the_key_and_the_reason() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The shipped WordCount config tuned on a text file for a 1 % budget: the
+/// written Θ is the recommended one and keeps the bound after any number of
+/// failures (Θ itself, for one task's counts) within 1 % of the words,
+/// computed here; the file keeps its comments and still checks.
+#[test]
+fn tune_writes_thresholds_within_the_budget_into_the_config_and_keeps_its_comments() {
+    let dir = std::env::temp_dir().join(format!("afstream-cli-tune-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/word-count.toml"))
+        .expect("the shipped WordCount config");
+    let config = dir.join("word-count.toml");
+    std::fs::write(&config, &shipped).expect("write the config");
+    let lines: Vec<String> = (0..3000)
+        .map(|i| format!("the {} word{} of line {}", i % 7, i % 31, i % 5))
+        .collect();
+    let words: usize = lines.iter().map(|l| l.split_whitespace().count()).sum();
+    let input = dir.join("lines.txt");
+    std::fs::write(&input, lines.join("\n")).expect("write the lines");
+    let (config_arg, input_arg) = (config.to_string_lossy(), input.to_string_lossy());
+    let refused = afstream(&["tune", "--config", &config_arg, "--error", "1 percent"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("percentage (0.5%)"));
+    let output = afstream(&[
+        "tune",
+        "--config",
+        &config_arg,
+        "--error",
+        "1%",
+        "--input",
+        &input_arg,
+        "--write",
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        stdout.contains("3000 records, 0 refused") && stdout.contains("\n* "),
+        "{stdout}"
+    );
+    let written = std::fs::read_to_string(&config).expect("the tuned config");
+    let theta: f64 = written
+        .lines()
+        .find_map(|line| line.strip_prefix("theta = ")?.split_whitespace().next()?.parse().ok())
+        .expect("theta");
+    assert!(
+        theta > 0.0 && theta <= 0.01 * words as f64,
+        "Θ {theta} for {words} words"
+    );
+    let recommended = stdout.lines().find(|l| l.starts_with("* ")).expect("a recommended row");
+    assert_eq!(recommended.split_whitespace().nth(1), Some(theta.to_string().as_str()));
+    let comments = |text: &str| text.lines().filter(|l| l.trim_start().starts_with('#')).count();
+    assert_eq!(comments(&written), comments(&shipped));
+    assert!(afstream(&["check", "--config", &config_arg]).status.success());
+    std::fs::remove_dir_all(&dir).expect("remove the directory");
 }

@@ -546,3 +546,100 @@ fn a_distributed_learner_converges_through_kills_under_bsp_and_asp_in_the_report
     assert!(out_dir.join("loss-over-items.svg").exists());
     assert!(out_dir.join("loss-over-time.svg").exists());
 }
+
+/// `afstream tune` on the experiment's own input (the same seeded records,
+/// produced to the config's input topic first): the thresholds it writes meet
+/// the error budget in an experiment with three kills, by the bound computed
+/// here from Θ and by the error measured against the exact answer.
+#[test]
+fn thresholds_tuned_to_an_error_budget_meet_it_through_three_kills() {
+    const ITEMS: usize = 12_000;
+    const BUDGET: f64 = 0.02;
+    let dir = test_dir("experiment-tuned");
+    let broker = Broker::start(&dir);
+    let input = unique("tune-input");
+    let config = dir.join("counts.toml");
+    write_config(&config, &broker);
+    let text = std::fs::read_to_string(&config).expect("the config");
+    let untuned = text
+        .replace("input_topic = \"unused\"", &format!("input_topic = \"{input}\""))
+        .replace("theta = 400.0", "theta = 1000000.0 # far over the budget");
+    std::fs::write(&config, untuned).expect("write the config");
+    let run = |args: &[&str]| {
+        let output = Command::new("timeout")
+            .arg("300")
+            .arg(env!("CARGO_BIN_EXE_afstream"))
+            .args(args)
+            .env_remove("AFSTREAM_BOOTSTRAP_SERVERS")
+            .output()
+            .expect("afstream");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "afstream {args:?}: {}\n{stdout}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        stdout
+    };
+    let items = ITEMS.to_string();
+    run(&[
+        "produce",
+        "--bootstrap-servers",
+        &broker.address,
+        "--topic",
+        &input,
+        "--workload",
+        "keyed",
+        "--items",
+        &items,
+        "--seed",
+        "7",
+        "--partitions",
+        "2",
+    ]);
+    let path = config.to_string_lossy().into_owned();
+    let tuned = run(&[
+        "tune",
+        "--config",
+        &path,
+        "--error",
+        "2%",
+        "--failures",
+        "3",
+        "--sample",
+        &items,
+        "--write",
+        "--json",
+    ]);
+    let tuned: serde_json::Value = serde_json::from_str(&tuned).expect("tune's JSON");
+    let written = std::fs::read_to_string(&config).expect("the tuned config");
+    assert!(written.contains("# far over the budget"), "comments kept:\n{written}");
+    let theta: f64 = written
+        .lines()
+        .find_map(|line| line.strip_prefix("theta = ")?.split_whitespace().next()?.parse().ok())
+        .expect("a theta in the tuned config");
+    assert_eq!(
+        Some(theta),
+        tuned["candidates"][tuned["recommended"].as_u64().expect("one") as usize]["theta"].as_f64()
+    );
+    // Counts: the exact state's L1 size is the number of records. Two tasks
+    // of Θ/2 each, every kill failing both: 3 failures halve θ to Θ/4, Θ/8,
+    // Θ/16 per task.
+    let budget = BUDGET * ITEMS as f64;
+    let bound = 2.0 * theta / 2.0 * (0.5 + 0.25 + 0.125);
+    assert!(bound <= budget, "Θ {theta}: bound {bound} over the budget {budget}");
+    assert!(bound > budget / 2.0, "Θ {theta} far under what the budget allows");
+    let out_dir = dir.join("report");
+    let output = experiment(&config, &out_dir, &[], &["--items", &items]);
+    assert!(
+        output.status.success(),
+        "experiment failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let failed = report(&out_dir)["runs"][1].clone();
+    let kills = failed["recoveries"].as_array().map_or(0, Vec::len);
+    assert!(kills >= 2, "the kills were recovered from: {failed}");
+    let error = failed["comparison"]["l1_error"].as_f64().expect("the L1 error");
+    assert!(error <= budget, "L1 error {error} over the budget {budget}: {failed}");
+    eprintln!("tuned Θ {theta}: bound {bound}, L1 error {error}, budget {budget}, {kills} recoveries");
+}

@@ -6,6 +6,7 @@
 //! * [`experiment`]: `afstream experiment`, failure-free against K SIGKILLs, both against the exact answer;
 //! * [`convergence`]: the experiment on a distributed learner, loss over time and items;
 //! * [`plots`]: an experiment's plots (SVG and PNG), drawn from its report;
+//! * [`tune`]: `afstream tune`, the thresholds that meet an error budget on a sample of the input;
 //! * [`demo`]: `afstream demo`, the whole story on a real broker;
 //! * [`child`]: `afstream run` as a child process, and the recoveries its log records;
 //! * [`observed`]: each recovery's restored state against the exact state at its resume offset.
@@ -18,3 +19,4 @@ pub mod experiment;
 pub mod observed;
 pub mod plots;
 pub mod produce;
+pub mod tune;

@@ -91,6 +91,17 @@ pub enum FileFormat {
     JsonLines,
 }
 
+impl FileFormat {
+    /// The layout a file's extension names: `.csv`, `.jsonl` or `.json`, else text lines.
+    pub fn of(path: &Path) -> FileFormat {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("csv") => FileFormat::Csv,
+            Some("jsonl" | "json") => FileFormat::JsonLines,
+            _ => FileFormat::Lines,
+        }
+    }
+}
+
 /// Encodes a workload's records as a pipeline reading them expects.
 pub struct Encoder {
     workload: Workload,

@@ -16,7 +16,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::core::{AnalysisConstants, BackupEntry, BackupMarker, CoreError, MarkedState, Mode, RecoveryPlan, Restart};
 use crate::service::codec::ServiceOperator;
@@ -285,7 +285,7 @@ fn slow_start_fault() {
     {
         // Test builds only: a slow restore, while the consumer fetches the
         // partitions assigned with this one.
-        std::thread::sleep(Duration::from_millis(ms));
+        std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }
 
