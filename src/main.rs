@@ -613,9 +613,14 @@ fn tune(args: &TuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         let chosen = report
             .recommendation()
             .ok_or("no candidate meets the budget: nothing written")?;
-        eval::tune::write_thresholds(&args.config, config.name.as_deref(), chosen)?;
+        let fanout = report.fanout.as_ref();
+        eval::tune::write_choice(&args.config, config.name.as_deref(), chosen, fanout)?;
+        let raised = fanout
+            .filter(|f| f.raised())
+            .map(|f| format!(", {} = {}", f.key, f.chosen))
+            .unwrap_or_default();
         eprintln!(
-            "wrote theta = {}, max_uncovered = {}, max_unacked = {} into {}",
+            "wrote theta = {}, max_uncovered = {}, max_unacked = {}{raised} into {}",
             chosen.theta,
             chosen.max_uncovered,
             chosen.max_unacked,

@@ -28,6 +28,12 @@
 //! fewest changelog records per item; among those within 5 % of the fewest,
 //! it replays the fewest items (the smallest L). Γ is the config's, raised to
 //! eight outputs of one item per task when under it (`check`'s warning).
+//!
+//! **β from the data.** Where the user sets β (WordCount's
+//! `max_words_per_line`: longer lines are refused whole), the sample is read
+//! with no cap and the most outputs one record made is measured; a β under
+//! it would refuse records of the sample, so tune raises it to the next power
+//! of two, runs the candidates with it, and `--write` writes it too.
 
 mod measure;
 mod sample;
@@ -48,7 +54,7 @@ use crate::service::codec::ServiceOperator;
 use crate::service::config::{Config, ModeName, PolicyName};
 use crate::service::ServiceError;
 
-pub use write::write_thresholds;
+pub use write::write_choice;
 
 /// Crashes each candidate is measured with when no failure count is given.
 const SIMULATED_FAILURES: u32 = 3;
@@ -61,6 +67,8 @@ const THETA_FRACTIONS: [f64; 4] = [1.0, 0.5, 0.25, 0.1];
 const L_MULTIPLES: [f64; 4] = [0.1, 1.0, 10.0, 100.0];
 /// Γ per task is at least this many outputs of one item.
 const OUTPUTS_OF_ITEMS: u64 = 8;
+/// β while the sample is read, so that no record is refused for its fan-out.
+const UNCAPPED_FANOUT: u64 = 1 << 32;
 
 #[derive(Clone, Debug)]
 pub struct TuneOptions {
@@ -96,6 +104,40 @@ pub struct Candidate {
     pub meets_budget: bool,
 }
 
+/// β measured on the sample, for an operator whose config sets it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Fanout {
+    /// The operator's config key that sets β.
+    pub key: &'static str,
+    pub configured: u64,
+    /// The most outputs one sampled record made.
+    pub measured: u64,
+    /// What the candidates run with: the configured β, or the next power of
+    /// two over the measured one if the configured one would refuse records.
+    pub chosen: u64,
+}
+
+impl Fanout {
+    fn of(key: &'static str, configured: u64, measured: u64) -> Self {
+        let chosen = if measured > configured {
+            measured.next_power_of_two()
+        } else {
+            configured
+        };
+        Fanout {
+            key,
+            configured,
+            measured,
+            chosen,
+        }
+    }
+
+    /// Whether the config must change.
+    pub fn raised(&self) -> bool {
+        self.chosen != self.configured
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct TuneReport {
     pub kind: &'static str,
@@ -113,6 +155,8 @@ pub struct TuneReport {
     pub failures: Option<u32>,
     /// Crashes each candidate was measured with.
     pub simulated_failures: u32,
+    /// β measured, where the config sets it.
+    pub fanout: Option<Fanout>,
     /// The largest Θ whose bound meets E.
     pub largest_theta: f64,
     pub current: Candidate,
@@ -183,6 +227,13 @@ pub trait Measured: ServiceOperator + Clone {
     fn size(exact: &Self, empty: &Self) -> f64 {
         exact.distance(empty)
     }
+    /// The operator config's key that sets β, where the user sets it.
+    const FANOUT_KEY: Option<&'static str> = None;
+    /// The config with β set to `beta`.
+    fn with_fanout(config: &Self::Config, beta: u64) -> Self::Config {
+        let _ = beta;
+        config.clone()
+    }
 }
 
 macro_rules! tuned {
@@ -222,6 +273,13 @@ not_tuned!(
 impl Measured for WordCount {
     fn error_measure(&self) -> String {
         "relative L1 error of the counts: Σ|count − exact count| over the words / Σ exact counts".into()
+    }
+    const FANOUT_KEY: Option<&'static str> = Some("max_words_per_line");
+    fn with_fanout(config: &Self::Config, beta: u64) -> Self::Config {
+        crate::operators::WordCountConfig {
+            max_words_per_line: beta,
+            ..*config
+        }
     }
 }
 
@@ -266,18 +324,26 @@ where
     O::Input: Clone,
     O::Output: Clone,
 {
-    let empty = O::build(operator, None)?;
+    let uncapped = O::FANOUT_KEY.map(|_| O::with_fanout(operator, UNCAPPED_FANOUT));
+    let probe = O::build(uncapped.as_ref().unwrap_or(operator), None)?;
     let sample = match &options.input {
         Some(path) => sample::from_file::<O>(
             config,
-            empty.clone(),
+            probe,
             path,
             options.file_format,
             options.sample,
             options.partitions,
         )?,
-        None => sample::from_topic::<O>(config, empty.clone(), options.sample)?,
+        None => sample::from_topic::<O>(config, probe, options.sample)?,
     };
+    let configured = O::build(operator, None)?.constants().beta;
+    let fanout = O::FANOUT_KEY.map(|key| Fanout::of(key, configured, sample.max_outputs));
+    let operator = &match &fanout {
+        Some(fanout) => O::with_fanout(operator, fanout.chosen),
+        None => operator.clone(),
+    };
+    let empty = O::build(operator, None)?;
     let partitions = sample.partitions.len();
     let plan = TaskPlan::new::<O>(config, operator, partitions)?;
     let additive = plan.norm.is_additive();
@@ -322,6 +388,7 @@ where
         size,
         failures: options.failures,
         simulated_failures,
+        fanout,
         largest_theta,
         current,
         recommended: recommend(&candidates),
@@ -471,6 +538,9 @@ pub fn render(report: &TuneReport) -> String {
         report.budget * report.size,
         report.largest_theta
     );
+    if let Some(fanout) = &report.fanout {
+        let _ = writeln!(out, "{}", fanout_line(fanout));
+    }
     let _ = writeln!(
         out,
         "measured: changelog records per item failure-free; error and replay after {} simulated crash(es)\n",
@@ -504,6 +574,23 @@ pub fn render(report: &TuneReport) -> String {
         let _ = writeln!(out, "no candidate meets E: take a longer sample or a larger E");
     }
     out
+}
+
+fn fanout_line(fanout: &Fanout) -> String {
+    let Fanout {
+        key,
+        configured,
+        measured,
+        chosen,
+    } = fanout;
+    if fanout.raised() {
+        format!(
+            "β: the sample's largest record makes {measured} outputs, over {key} = {configured} (it would be \
+             refused): raised to {chosen}"
+        )
+    } else {
+        format!("β: the sample's largest record makes {measured} outputs ({key} = {configured})")
+    }
 }
 
 fn trim(number: f64) -> String {

@@ -149,6 +149,9 @@ pub struct SimulationReport {
     pub totals: DriverStats,
     /// Records the changelog received (entries and markers, failed writes too).
     pub changelog_records: u64,
+    /// Of those, the ones sent before the clean stop at the end began: what
+    /// running costs, without the stop's complete backup.
+    pub changelog_records_before_stop: u64,
     pub outputs_delivered: u64,
     pub recoveries: Vec<RecoveryRecord>,
     pub violations: Vec<Violation>,
@@ -563,6 +566,7 @@ where
             if self.next_offset >= end && crashes.is_empty() {
                 if !stopping {
                     stopping = true;
+                    self.report.changelog_records_before_stop = self.broker.changelog_records;
                     self.driver.begin_stop(&mut self.broker);
                 }
                 if self.driver.is_stopped() {

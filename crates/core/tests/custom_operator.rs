@@ -81,6 +81,30 @@ fn a_custom_operator_recovers_within_its_bound() {
     assert!(report.totals.backups > 0);
 }
 
+/// Under thresholds nothing crosses, a run writes its start marker and
+/// nothing else until its clean stop, whose complete backup writes every
+/// visitor: the report counts the records before the stop apart.
+#[test]
+fn the_records_a_run_writes_before_its_clean_stop_are_counted_apart() {
+    let build = || DistinctVisitors {
+        visitors: TrackedSet::new(1),
+    };
+    let stream: Vec<u64> = (0..5_000u64).map(|i| (i * 7919) % 1_500).collect();
+    let constants = build().constants();
+    let policy = ThresholdPolicy::new(
+        GlobalThresholds::new(1e9, 1 << 40, 1 << 20).unwrap(),
+        FailurePolicy::Halving,
+        Placement::default(),
+        true,
+        constants,
+    )
+    .unwrap();
+    let config = ControllerConfig::new(Mode::Approximate, policy, constants);
+    let (_, report) = simulate(config, &build, &stream, SimulationOptions::default()).unwrap();
+    assert_eq!(report.changelog_records_before_stop, 1, "the start marker: {report:?}");
+    assert!(report.changelog_records > 1_500, "{report:?}");
+}
+
 #[test]
 fn undecodable_and_foreign_entries_are_typed_errors() {
     let mut op = DistinctVisitors {

@@ -16,7 +16,8 @@ use crate::core::{ControllerConfig, CoreError, Operator};
 /// What one candidate's runs measured, summed over the tasks.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Measurement {
-    /// Changelog records (entries and markers) of the failure-free runs.
+    /// Changelog records (entries and markers) of the failure-free runs,
+    /// before their clean stop (whose complete backup is no running cost).
     pub changelog_records: u64,
     /// Items of the failure-free runs.
     pub items: u64,
@@ -68,7 +69,7 @@ where
             ..SimulationOptions::default()
         };
         let (clean, report) = simulate(controller, build, stream, quiet)?;
-        total.changelog_records += report.changelog_records;
+        total.changelog_records += report.changelog_records_before_stop;
         total.items += stream.len() as u64;
         if crash_after.is_empty() {
             continue;

@@ -7,7 +7,8 @@
 //! encoded in the pipeline's format and decoded again, so a record the
 //! pipeline would refuse is refused here too; a keyed record goes to the
 //! partition its key hashes to, an unkeyed one to the next partition in turn.
-//! Records the codec or the operator refuse are counted, not sampled.
+//! Records the codec or the operator refuse are counted, not sampled; so is
+//! the most outputs one record made (its fan-out, β).
 
 use std::path::Path;
 
@@ -25,6 +26,8 @@ pub struct Sample<I> {
     pub records: u64,
     /// Records the codec or the operator refused.
     pub refused: u64,
+    /// The most outputs one sampled record made.
+    pub max_outputs: u64,
     /// Where the records came from, for the report.
     pub source: String,
 }
@@ -51,6 +54,7 @@ where
                 partitions: (0..partitions).map(|_| Vec::new()).collect(),
                 records: 0,
                 refused: 0,
+                max_outputs: 0,
                 source,
             },
         })
@@ -64,6 +68,7 @@ where
             self.probe.process(&input, &mut self.outputs).is_ok()
         };
         if accepted {
+            self.sample.max_outputs = self.sample.max_outputs.max(self.outputs.len() as u64);
             self.sample.partitions[partition].push(input);
         } else {
             self.sample.refused += 1;

@@ -142,3 +142,44 @@ fn an_operator_without_state_or_a_budget_of_nothing_is_refused_with_the_reason()
     let none = tune(&keyed_sum(1.0, 10, "l1"), &options(0.0, nowhere, 1)).unwrap_err();
     assert!(none.to_string().contains("--error 0"), "{none}");
 }
+
+fn word_count(max_words_per_line: u64) -> Config {
+    let text = format!(
+        "[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\ngroup_id = \"tune\"\n\
+         [pipeline]\ninput_topic = \"lines\"\noutput_topic = \"counts\"\nformat = \"text\"\n\
+         [pipeline.operator]\nkind = \"word_count\"\nmax_words_per_line = {max_words_per_line}\n\
+         [pipeline.fault_tolerance]\nmode = \"approximate\"\ntheta = 1000.0\nmax_uncovered = 100\n\
+         max_unacked = 20000\n"
+    );
+    parse_all(&text, &|_| None).unwrap().remove(0)
+}
+
+#[test]
+fn a_fanout_under_the_samples_longest_record_is_raised_so_that_no_record_is_refused() {
+    let dir = std::env::temp_dir().join(format!("afstream-tune-beta-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("lines.txt");
+    // Lines of 1 to 9 words.
+    let lines: Vec<String> = (0..500)
+        .map(|i| {
+            (0..1 + i % 9)
+                .map(|w| format!("w{}", (i + w) % 40))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let raised = tune(&word_count(4), &options(0.05, &input, 1)).unwrap();
+    assert_eq!((raised.records, raised.refused), (500, 0));
+    let expected = Fanout {
+        key: "max_words_per_line",
+        configured: 4,
+        measured: 9,
+        chosen: 16,
+    };
+    assert_eq!(raised.fanout, Some(expected));
+    assert!(render(&raised).contains("raised to 16"), "{}", render(&raised));
+    let kept = tune(&word_count(64), &options(0.05, &input, 1)).unwrap();
+    assert_eq!(kept.fanout.map(|f| (f.measured, f.chosen)), Some((9, 64)));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,5 +1,6 @@
 //! `tune --write`: the chosen thresholds into the config file's
-//! `fault_tolerance` table, every comment and the rest of the file kept
+//! `fault_tolerance` table (and a raised β into its `operator` table),
+//! every comment and the rest of the file kept
 //! (`toml_edit`), the file replaced whole (written beside it, then renamed)
 //! so a failure leaves the old one.
 
@@ -7,24 +8,35 @@ use std::path::Path;
 
 use toml_edit::{DocumentMut, Item, Table, Value};
 
-use super::Candidate;
+use super::{Candidate, Fanout};
 use crate::service::ServiceError;
 
 /// Writes `candidate`'s Θ, L and Γ into the `fault_tolerance` table of
-/// pipeline `pipeline` (`None`: the file's single `[pipeline]`).
-pub fn write_thresholds(path: &Path, pipeline: Option<&str>, candidate: &Candidate) -> Result<(), ServiceError> {
+/// pipeline `pipeline` (`None`: the file's single `[pipeline]`), and a
+/// raised β into its `operator` table.
+pub fn write_choice(
+    path: &Path,
+    pipeline: Option<&str>,
+    candidate: &Candidate,
+    fanout: Option<&Fanout>,
+) -> Result<(), ServiceError> {
     let failed = |what: String| ServiceError::Unsupported(format!("{}: {what}", path.display()));
     let text = std::fs::read_to_string(path).map_err(|e| failed(e.to_string()))?;
-    let updated = with_thresholds(&text, pipeline, candidate).map_err(failed)?;
+    let updated = with_choice(&text, pipeline, candidate, fanout).map_err(failed)?;
     let temporary = path.with_extension("toml.tune");
     std::fs::write(&temporary, updated).map_err(|e| failed(format!("writing {}: {e}", temporary.display())))?;
     std::fs::rename(&temporary, path).map_err(|e| failed(format!("replacing it: {e}")))
 }
 
-/// The config's text with the candidate's thresholds.
-fn with_thresholds(text: &str, pipeline: Option<&str>, candidate: &Candidate) -> Result<String, String> {
+/// The config's text with the candidate's thresholds and the raised β.
+fn with_choice(
+    text: &str,
+    pipeline: Option<&str>,
+    candidate: &Candidate,
+    fanout: Option<&Fanout>,
+) -> Result<String, String> {
     let mut document: DocumentMut = text.parse().map_err(|e| format!("not TOML: {e}"))?;
-    let table = fault_tolerance(&mut document, pipeline)?;
+    let table = pipeline_table(&mut document, pipeline, "fault_tolerance")?;
     set(table, "theta", Value::from(candidate.theta));
     set(
         table,
@@ -32,6 +44,10 @@ fn with_thresholds(text: &str, pipeline: Option<&str>, candidate: &Candidate) ->
         Value::from(as_integer(candidate.max_uncovered)?),
     );
     set(table, "max_unacked", Value::from(as_integer(candidate.max_unacked)?));
+    if let Some(fanout) = fanout.filter(|f| f.raised()) {
+        let operator = pipeline_table(&mut document, pipeline, "operator")?;
+        set(operator, fanout.key, Value::from(as_integer(fanout.chosen)?));
+    }
     Ok(document.to_string())
 }
 
@@ -39,18 +55,23 @@ fn as_integer(value: u64) -> Result<i64, String> {
     i64::try_from(value).map_err(|_| format!("{value} does not fit a TOML integer"))
 }
 
-fn fault_tolerance<'a>(document: &'a mut DocumentMut, pipeline: Option<&str>) -> Result<&'a mut Table, String> {
+/// The pipeline's table `name` (`[pipeline.NAME]` or `[pipelines.P.NAME]`).
+fn pipeline_table<'a>(
+    document: &'a mut DocumentMut,
+    pipeline: Option<&str>,
+    name: &str,
+) -> Result<&'a mut Table, String> {
     let (path, table) = match pipeline {
-        None => ("[pipeline.fault_tolerance]".to_string(), document.get_mut("pipeline")),
-        Some(name) => (
-            format!("[pipelines.{name}.fault_tolerance]"),
-            document.get_mut("pipelines").and_then(|p| p.get_mut(name)),
+        None => (format!("[pipeline.{name}]"), document.get_mut("pipeline")),
+        Some(pipeline) => (
+            format!("[pipelines.{pipeline}.{name}]"),
+            document.get_mut("pipelines").and_then(|p| p.get_mut(pipeline)),
         ),
     };
     table
-        .and_then(|t| t.get_mut("fault_tolerance"))
+        .and_then(|t| t.get_mut(name))
         .and_then(Item::as_table_mut)
-        .ok_or_else(|| format!("no {path} table to write the thresholds into"))
+        .ok_or_else(|| format!("no {path} table to write into"))
 }
 
 /// Sets `key`, keeping the comments around its old value.
@@ -90,7 +111,7 @@ mod tests {
 
     #[test]
     fn the_thresholds_change_and_every_comment_stays() {
-        let written = with_thresholds(ONE, None, &candidate()).unwrap();
+        let written = with_choice(ONE, None, &candidate(), None).unwrap();
         assert_eq!(
             written,
             ONE.replace("100000.0", "270.0")
@@ -104,13 +125,25 @@ mod tests {
     #[test]
     fn a_named_pipeline_is_written_and_a_missing_table_is_an_error() {
         let several = "[pipelines.count.fault_tolerance]\ntheta = 5.0\n";
-        let written = with_thresholds(several, Some("count"), &candidate()).unwrap();
+        let written = with_choice(several, Some("count"), &candidate(), None).unwrap();
         assert!(
             written.contains("theta = 270.0\nmax_uncovered = 10000\nmax_unacked = 40000\n"),
             "{written}"
         );
-        let missing = with_thresholds(several, Some("tokenize"), &candidate()).unwrap_err();
+        let missing = with_choice(several, Some("tokenize"), &candidate(), None).unwrap_err();
         assert!(missing.contains("[pipelines.tokenize.fault_tolerance]"), "{missing}");
-        assert!(with_thresholds(ONE, Some("count"), &candidate()).is_err());
+        assert!(with_choice(ONE, Some("count"), &candidate(), None).is_err());
+    }
+
+    #[test]
+    fn a_raised_fanout_is_written_into_the_operator_table_and_a_kept_one_is_not() {
+        let text = format!("{ONE}\n[pipeline.operator]\nkind = \"word_count\"\nmax_words_per_line = 64 # β\n");
+        let raised = Fanout::of("max_words_per_line", 64, 931);
+        assert_eq!(raised.chosen, 1024);
+        let written = with_choice(&text, None, &candidate(), Some(&raised)).unwrap();
+        assert!(written.contains("max_words_per_line = 1024 # β\n"), "{written}");
+        let kept = Fanout::of("max_words_per_line", 64, 12);
+        let written = with_choice(&text, None, &candidate(), Some(&kept)).unwrap();
+        assert!(written.contains("max_words_per_line = 64 # β\n"), "{written}");
     }
 }
