@@ -1513,6 +1513,57 @@ fn a_restore_longer_than_the_poll_interval_keeps_the_member_in_the_group() {
     assert_eq!(changelog_counts(&broker, &p), exact_word_counts(&lines));
 }
 
+/// After a SIGKILL the changelogs' last markers are not clean, so the next
+/// start first waits for them to stay unchanged `handoff_quiet_ms` (15 s
+/// here). That wait runs beside the restore, off the poll loop: a SIGTERM
+/// during it stops the process at once (were it inside the rebalance
+/// callback, the loop would see the signal only after it), and the next start
+/// recovers within the bound.
+#[test]
+fn a_stop_while_waiting_for_a_quiet_changelog_is_prompt() {
+    let dir = test_dir("wc-quiet-wait");
+    let broker = Broker::start(&dir);
+    let thresholds = (400.0, 400, 2000);
+    let (p, lines) = keyed_pipeline_on_two_partitions(&dir, &broker, "wc-quiet-wait", thresholds, 53);
+    kill_after_outputs(&broker, &p, "killed.log", 2_000);
+    let original = std::fs::read_to_string(&p.config).expect("read the config");
+    let waiting = original.replace("[pipeline]\n", "[pipeline]\nhandoff_quiet_ms = 15000\n");
+    assert!(waiting.contains("handoff_quiet_ms"), "the quiet wait is set");
+    std::fs::write(&p.config, waiting).expect("write the config");
+    let mut service = Service::start(&p.config, &dir.join("waiting.log"), false);
+    let log = service.log.clone();
+    service.wait_until(RUN_DEADLINE, "the partitions assigned", || {
+        !log_lines(&log, "partitions assigned").is_empty()
+    });
+    let asked = std::time::Instant::now();
+    let status = service.terminate(RUN_DEADLINE);
+    let took = asked.elapsed();
+    assert!(
+        status.success(),
+        "afstream run failed ({status}):\n{}",
+        common::tail(&log)
+    );
+    assert!(
+        took < Duration::from_secs(8),
+        "the stop took {took:?}, waiting for the quiet changelog:\n{}",
+        common::tail(&log)
+    );
+    assert!(
+        log_lines(&log, "recovered from a failure").is_empty(),
+        "stopped before the wait was over:\n{}",
+        common::tail(&log)
+    );
+    std::fs::write(&p.config, original).expect("write the config back");
+    run_to_end(&p, "final.log");
+    // One failure of each of the two tasks: the stopped start began none.
+    let error = l1_error(&changelog_counts(&broker, &p), &exact_word_counts(&lines));
+    let bound = 2.0 * halving_bound(thresholds.0, 2, 1);
+    assert!(
+        error <= bound,
+        "L1 error {error} over the bound {bound} of one failure of each task"
+    );
+}
+
 #[test]
 fn keyed_sums_on_local_stores_are_exact_after_a_sigkill_and_refused_records_are_dead_lettered() {
     let dir = test_dir("keyed-sum");

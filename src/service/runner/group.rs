@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
@@ -16,33 +16,29 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::core::fence::incarnation;
-use crate::core::{BackupMarker, ControllerConfig, Mode, RecoveryPlan};
+use crate::core::BackupMarker;
 use crate::service::config::Config;
 use crate::service::delivery::DeliveryReports;
 use crate::service::kafka::{ChangelogLoader, REQUEST_TIMEOUT};
 use crate::service::metrics::TaskMetrics;
-use crate::service::store::{StoreMeta, TaskStore};
 use crate::service::ServiceError;
 
 use super::manager::Parked;
-use super::restore::PlanInputs;
-use super::{Assigned, LocalStores, REVOKE_FLUSH_TIMEOUT};
+use super::resume::{Assignment, ResumePlanner};
+use super::REVOKE_FLUSH_TIMEOUT;
 
-/// The longest a newly assigned partition waits for its previous owner to
-/// stop writing its changelog (see `ChangelogLoader::settled_marker`).
-pub(super) const HANDOFF_PATIENCE: Duration = Duration::from_secs(20);
-
-/// The consumer's context: a rebalance decides each new partition's recovery
-/// point (its local store, or the changelog's last marker) and sets it before
-/// the partition is assigned, so no record is fetched from anywhere else; the
-/// task streams the changelog into its state when it starts.
+/// The consumer's context: a rebalance records each new partition for the
+/// loop, which decides where it resumes and restores it off the poll
+/// ([`super::resume`], [`super::restore`]); a partition given back to its
+/// kept task is assigned where that task goes on.
 pub(super) struct GroupContext {
     pub(super) group: String,
     pub(super) input_topic: String,
     pub(super) loader: ChangelogLoader,
-    pub(super) controller: ControllerConfig,
-    pub(super) stores: Option<LocalStores>,
-    pub(super) assigned: Mutex<Vec<Assigned>>,
+    /// Partitions assigned, for the loop to restore (regained ones apart).
+    pub(super) assigned: Mutex<Vec<Assignment>>,
+    /// Where an assigned partition is fetched from until its restore decides.
+    pub(super) planner: ResumePlanner,
     /// Partitions revoked while the loop is over: dropped at once.
     pub(super) revoked: Mutex<Vec<i32>>,
     /// Partitions lost (the group went on without this member): their tasks
@@ -62,9 +58,6 @@ pub(super) struct GroupContext {
     pub(super) failure: Mutex<Option<String>>,
     /// Flushed when partitions are revoked (see `rebalance`).
     pub(super) producers: [Arc<BaseProducer<DeliveryReports>>; 2],
-    /// How long a changelog partition must stay unchanged before a task
-    /// resumes from a marker that is not clean (`pipeline.handoff_quiet_ms`).
-    pub(super) handoff_quiet: Duration,
 }
 
 impl ClientContext for GroupContext {
@@ -97,18 +90,15 @@ impl GroupContext {
     pub(super) fn new(
         config: &Config,
         loader: ChangelogLoader,
-        controller: ControllerConfig,
-        stores: Option<LocalStores>,
+        planner: ResumePlanner,
         producers: [Arc<BaseProducer<DeliveryReports>>; 2],
     ) -> Self {
         GroupContext {
             group: config.kafka.group_id.clone(),
             input_topic: config.pipeline.input_topic.clone(),
             loader,
-            handoff_quiet: Duration::from_millis(config.pipeline.handoff_quiet_ms),
-            controller,
-            stores,
             assigned: Mutex::new(Vec::new()),
+            planner,
             revoked: Mutex::new(Vec::new()),
             lost: Mutex::new(Vec::new()),
             parked: Mutex::new(HashMap::new()),
@@ -151,14 +141,11 @@ impl GroupContext {
         Ok(None)
     }
 
-    /// The changelogs' last markers, once no previous owner writes the
-    /// partitions (waiting for all of them together).
-    pub(super) fn settled_markers(&self, partitions: &[i32]) -> Result<Vec<Option<BackupMarker>>, String> {
-        self.loader
-            .settled_markers(partitions, self.handoff_quiet, HANDOFF_PATIENCE)
-            .map_err(|e| e.to_string())
-    }
-
+    /// Records the partitions a rebalance assigned and assigns them: a
+    /// parked task's partition at the offset its task goes on from, any
+    /// other at the offset it would resume from with no marker (its restore
+    /// decides the real one and moves the fetch, [`super::resume`]). Only
+    /// quick requests here: the callback runs inside the consumer's poll.
     pub(super) fn prepare(&self, consumer: &BaseConsumer<Self>, tpl: &mut TopicPartitionList) -> Result<(), String> {
         let committed = consumer
             .committed_offsets(tpl.clone(), REQUEST_TIMEOUT)
@@ -168,43 +155,21 @@ impl GroupContext {
             .iter()
             .map(|e| e.partition())
             .collect();
-        let mut assigned = Vec::with_capacity(partitions.len());
-        let mut starting = Vec::with_capacity(partitions.len());
+        let mut assignments = Vec::with_capacity(partitions.len());
         for partition in partitions {
+            let at = Instant::now();
+            let (_, end) = consumer
+                .fetch_watermarks(&self.input_topic, partition, REQUEST_TIMEOUT)
+                .map_err(|e| format!("input partition {partition}: {e}"))?;
+            let end = end.max(0) as u64;
             if let Some(resume) = self.regain(partition)? {
-                let (_, end) = consumer
-                    .fetch_watermarks(&self.input_topic, partition, REQUEST_TIMEOUT)
-                    .map_err(|e| format!("input partition {partition}: {e}"))?;
                 tpl.set_partition_offset(&self.input_topic, partition, Offset::Offset(resume as i64))
                     .map_err(|e| format!("input partition {partition}: {e}"))?;
                 if let Ok(mut regained) = self.regained.lock() {
-                    regained.push((partition, end.max(0) as u64));
+                    regained.push((partition, end));
                 }
-            } else {
-                starting.push(partition);
+                continue;
             }
-        }
-        // Only the last markers are read here, to decide where to resume; a
-        // task restoring from the changelog streams it when it starts.
-        let settling = Instant::now();
-        let markers = self.settled_markers(&starting)?;
-        let settle_seconds = settling.elapsed().as_secs_f64();
-        for (partition, marker) in starting.into_iter().zip(markers) {
-            let opening = Instant::now();
-            let local = match &self.stores {
-                Some(stores) => Some(self.open_store(stores, partition, marker.as_ref())?),
-                None => None,
-            };
-            let (marker, store, local) = match local {
-                Some(OpenedStore::Usable { store, meta }) => (
-                    marker.filter(|_| self.controller.mode != Mode::None),
-                    Some((store, meta)),
-                    true,
-                ),
-                Some(OpenedStore::Fresh(store)) => (marker, Some((store, TaskStore::new_meta(0))), false),
-                None => (marker, None, false),
-            };
-            let restore_seconds = settle_seconds + opening.elapsed().as_secs_f64();
             let committed = match committed
                 .find_partition(&self.input_topic, partition)
                 .map(|e| e.offset())
@@ -212,38 +177,15 @@ impl GroupContext {
                 Some(Offset::Offset(offset)) if offset >= 0 => Some(offset as u64),
                 _ => None,
             };
-            let (_, end) = consumer
-                .fetch_watermarks(&self.input_topic, partition, REQUEST_TIMEOUT)
+            let fetch_from = self.planner.provisional_offset(committed);
+            tpl.set_partition_offset(&self.input_topic, partition, Offset::Offset(fetch_from as i64))
                 .map_err(|e| format!("input partition {partition}: {e}"))?;
-            let (plan, inputs) = match &store {
-                Some((_, meta)) if local => (
-                    RecoveryPlan::local(
-                        &meta.checkpoint,
-                        marker.as_ref(),
-                        self.controller.policy.for_failures(0).max_unacked,
-                    ),
-                    None,
-                ),
-                _ => {
-                    let inputs = PlanInputs {
-                        mode: self.controller.mode,
-                        committed,
-                        constants: self.controller.constants,
-                        marker,
-                    };
-                    (inputs.decide(), Some(inputs))
-                }
-            };
-            tpl.set_partition_offset(&self.input_topic, partition, Offset::Offset(plan.resume_offset as i64))
-                .map_err(|e| format!("input partition {partition}: {e}"))?;
-            assigned.push(Assigned {
+            assignments.push(Assignment {
                 partition,
-                end: end.max(0) as u64,
-                restore_seconds,
-                plan,
-                store,
-                local,
-                inputs,
+                end,
+                committed,
+                fetch_from,
+                at,
             });
         }
         let assign = match consumer.rebalance_protocol() {
@@ -252,41 +194,9 @@ impl GroupContext {
         };
         assign.map_err(|e| format!("assigning partitions: {e}"))?;
         if let Ok(mut queue) = self.assigned.lock() {
-            queue.extend(assigned);
+            queue.extend(assignments);
         }
         Ok(())
-    }
-}
-
-impl GroupContext {
-    /// Opens a partition's local store and decides whether the task can resume
-    /// on it: only if it survived the crash (same boot) and `marker`, the
-    /// changelog's last, is its own, so that it knows every key any backup
-    /// wrote (in mode none there is no changelog: the store is all there is).
-    /// Otherwise the store is recreated empty and the task restores from the
-    /// changelog.
-    pub(super) fn open_store(
-        &self,
-        stores: &LocalStores,
-        partition: i32,
-        marker: Option<&BackupMarker>,
-    ) -> Result<OpenedStore, String> {
-        let path = stores.root.join(format!("{}-{partition}", self.input_topic));
-        let (store, meta) = TaskStore::open(&path, stores.budget).map_err(|e| e.to_string())?;
-        let Some(meta) = meta else {
-            return Ok(OpenedStore::Fresh(store));
-        };
-        let refused = if !meta.trusted_after_crash() {
-            "the machine restarted since its last write"
-        } else if self.controller.mode == Mode::None || marker.map(|m| m.writer) == Some(meta.store_id) {
-            return Ok(OpenedStore::Usable { store, meta });
-        } else {
-            "the changelog's last marker is not this store's (the partition moved, or the store is older)"
-        };
-        tracing::info!(partition, path = %path.display(), reason = refused, "local store not used; restoring from the changelog");
-        drop(store);
-        let store = TaskStore::recreate(&path, stores.budget).map_err(|e| e.to_string())?;
-        Ok(OpenedStore::Fresh(store))
     }
 }
 
@@ -327,15 +237,6 @@ impl Revocation {
             consumer.unassign()
         }
     }
-}
-
-/// What a partition's local store offers a starting task.
-pub(super) enum OpenedStore {
-    /// Exact at its offset; the changelog's last marker is its own (in mode
-    /// none, with no changelog, the store is all there is).
-    Usable { store: TaskStore, meta: StoreMeta },
-    /// Empty: the task restores from the changelog into it.
-    Fresh(TaskStore),
 }
 
 impl ConsumerContext for GroupContext {

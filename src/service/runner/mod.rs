@@ -25,10 +25,10 @@ mod group;
 mod input;
 mod manager;
 mod restore;
+mod resume;
 mod task;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -48,7 +48,7 @@ use super::kafka::{
     ensure_topics, partition_count, patiently, ChangelogLoader, KafkaSetupError, ReaderPool, TopicSpec, REQUEST_TIMEOUT,
 };
 use super::state::lock_state_dir;
-use super::store::{StoreBudget, StoreMeta, TaskStore};
+use super::store::{StoreMeta, TaskStore};
 use super::ServiceError;
 use crate::core::{ControllerConfig, DriverStats, Mode, RecoveryPlan};
 
@@ -59,6 +59,7 @@ use feedback::FeedbackReader;
 use group::{flush_producers, own_queue, seek, ClosingGuard, GroupContext, Revocation};
 use manager::{Producers, StopProgress, TaskManager};
 use restore::{PlanInputs, Restores, RESTORE_PARALLELISM};
+use resume::{LocalStores, ResumePlanner};
 use task::Task;
 
 /// Where a partition with no marker and no committed offset starts (the
@@ -207,35 +208,14 @@ fn prepare_topics<O: ServiceOperator>(
     Ok(partitions)
 }
 
-/// Where the local stores of the pipeline's tasks live, and their budget.
-struct LocalStores {
-    root: PathBuf,
-    budget: StoreBudget,
-}
-
-impl LocalStores {
-    /// The stores of an operator that keeps its state in one, with a state directory.
-    fn of<O: ServiceOperator>(config: &Config) -> Option<Self> {
-        let pipeline = &config.pipeline;
-        match &pipeline.state_dir {
-            Some(dir) if O::STORE_BACKED => Some(LocalStores {
-                root: dir.join(&config.kafka.group_id),
-                budget: StoreBudget {
-                    cache_bytes: pipeline.store.cache_mib << 20,
-                    resident_keys: pipeline.store.resident_keys,
-                },
-            }),
-            _ => None,
-        }
-    }
-}
-
 /// Starts the tasks of newly assigned partitions: their changelogs restored
 /// side by side, then each started on its own partition queue.
 struct TaskStarter<'a, O: ServiceOperator> {
     operator_config: &'a O::Config,
     controller: ControllerConfig,
     readers: Arc<ReaderPool>,
+    /// Decides where each assigned partition resumes, on the restore thread.
+    planner: ResumePlanner,
     resident_keys: usize,
     restores: Restores<O>,
     /// The queue split off for each partition that restores, and the
@@ -258,16 +238,23 @@ impl<O: ServiceOperator> TaskStarter<'_, O> {
         let batch = take_recorded(&context.assigned);
         let assigned = !batch.is_empty();
         if assigned {
-            for assigned in &batch {
-                let partition = assigned.partition;
-                let offset = assigned.plan.resume_offset;
+            for assignment in &batch {
+                let partition = assignment.partition;
+                // Where it resumes is decided beside its restore: the fetch
+                // starts where it would with no marker, and moves if not.
+                let offset = assignment.fetch_from;
                 // A partition assigned again while it restored: the new queue.
                 self.queues.remove(&partition);
                 let queue = own_queue(shared.consumer, &shared.topics.input, partition, offset)?;
                 self.queues.insert(partition, (queue, offset));
             }
-            self.restores
-                .spawn(&self.readers, self.operator_config, batch, self.resident_keys)?;
+            self.restores.spawn(
+                &self.readers,
+                &self.planner,
+                self.operator_config,
+                batch,
+                self.resident_keys,
+            )?;
         }
         let restored = self.restores.finished()?;
         let worked = assigned || !restored.is_empty();
@@ -278,7 +265,7 @@ impl<O: ServiceOperator> TaskStarter<'_, O> {
             };
             let resume = restored.assigned.plan.resume_offset;
             if resume != fetching_from {
-                // The restore decided again from another marker.
+                // A marker, a local store, or a marker the full read decided again from.
                 seek(shared.consumer, &shared.topics.input, partition, resume)?;
             }
             let started_ms = started.elapsed().as_millis() as u64;
@@ -400,11 +387,11 @@ pub fn run_pipeline<O: ServiceOperator>(
     // reader and the others with these.
     let restore_readers = ReaderPool::new(kafka, &topics.changelog);
     restore_readers.fill_in_background(partitions.clamp(1, RESTORE_PARALLELISM) - 1);
+    let planner = ResumePlanner::new(config, controller, LocalStores::of::<O>(config));
     let context = GroupContext::new(
         config,
         ChangelogLoader::new(kafka, &topics.changelog)?,
-        controller,
-        LocalStores::of::<O>(config),
+        planner.clone(),
         [Arc::clone(&producer), Arc::clone(&changelog_producer)],
     );
     let consumer = Arc::new(group_consumer(kafka, config.metrics.is_some(), context)?);
@@ -432,6 +419,7 @@ pub fn run_pipeline<O: ServiceOperator>(
         operator_config,
         controller,
         readers: restore_readers,
+        planner,
         resident_keys: pipeline.store.resident_keys,
         restores: Restores::new(),
         queues: HashMap::new(),

@@ -2,8 +2,8 @@
 //! are read side by side into fresh operators, each the state logged at its
 //! last marker.
 //!
-//! The marker a task resumes from is decided when its partition is
-//! assigned, from the changelog's end read backwards
+//! The marker a task resumes from is decided first, on the same thread
+//! ([`super::resume`]), from the changelog's end read backwards
 //! ([`ChangelogLoader::last_marker`]); the full read that restores the state
 //! checks it: if the log's order admits another last marker
 //! ([`crate::core::fence`]: a zombie's records past the window read
@@ -26,6 +26,7 @@ use crate::service::ServiceError;
 use super::faults::injected_restore_failure;
 #[cfg(feature = "fault-injection")]
 use super::faults::FAULT_SLOW_TASK_START_MS;
+use super::resume::{Assignment, ResumePlanner};
 use super::{Assigned, RESTORE_ATTEMPTS, RESTORE_CHUNK, RESTORE_RETRY_WAIT, START_OFFSET};
 
 /// A task's operator with its state restored, before its driver starts.
@@ -73,8 +74,9 @@ impl PlanInputs {
 /// client per partition nor restores them one after another.
 pub(super) const RESTORE_PARALLELISM: usize = 4;
 
-/// Restores running on a thread of their own, so that the loop keeps
-/// polling while they read: a restore longer than `max.poll.interval.ms`
+/// Restores running on a thread of their own, each batch first deciding
+/// where its partitions resume ([`super::resume`]), so that the loop keeps
+/// polling while they wait and read: a restore longer than `max.poll.interval.ms`
 /// on the loop would make the member leave the group, its partitions move
 /// and the restore start over. The partitions assigned together restore on
 /// one thread, side by side within it ([`restore_all`]); the loop takes
@@ -110,8 +112,9 @@ impl<O: ServiceOperator> Restores<O> {
     pub(super) fn spawn(
         &mut self,
         pool: &Arc<ReaderPool>,
+        planner: &ResumePlanner,
         operator_config: &O::Config,
-        batch: Vec<Assigned>,
+        batch: Vec<Assignment>,
         resident_keys: usize,
     ) -> Result<(), ServiceError> {
         let id = self.next_batch;
@@ -119,7 +122,12 @@ impl<O: ServiceOperator> Restores<O> {
         for assigned in &batch {
             self.pending.insert(assigned.partition, id);
         }
-        let (pool, config, done) = (Arc::clone(pool), operator_config.clone(), self.done.clone());
+        let (pool, planner, config, done) = (
+            Arc::clone(pool),
+            planner.clone(),
+            operator_config.clone(),
+            self.done.clone(),
+        );
         // Its log lines name the pipeline as the loop's do.
         let span = tracing::Span::current();
         std::thread::Builder::new()
@@ -127,7 +135,9 @@ impl<O: ServiceOperator> Restores<O> {
             .spawn(move || {
                 let _span = span.enter();
                 let restored = pool.take().map_err(ServiceError::from).and_then(|reader| {
-                    let restored = restore_all::<O>(&reader, &pool, &config, batch, resident_keys);
+                    let restored = planner
+                        .decide(&reader, batch)
+                        .and_then(|batch| restore_all::<O>(&reader, &pool, &config, batch, resident_keys));
                     pool.give_back(reader);
                     restored
                 });
