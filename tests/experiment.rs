@@ -492,7 +492,19 @@ fn a_distributed_learner_converges_through_kills_under_bsp_and_asp_in_the_report
         &config,
         &out_dir,
         &[],
-        &["--partitions", "3", "--consistency", "bsp,asp", "--failures", "2"],
+        // Twice the default items: a failure-free ASP run of 12 000 took
+        // 3 s, short enough on a loaded machine for the learner to finish
+        // between two looks at its progress, before the first kill point.
+        &[
+            "--partitions",
+            "3",
+            "--consistency",
+            "bsp,asp",
+            "--failures",
+            "2",
+            "--items",
+            "24000",
+        ],
     );
     assert!(
         output.status.success(),
