@@ -53,6 +53,7 @@ use crate::service::check::TaskPlan;
 use crate::service::codec::ServiceOperator;
 use crate::service::config::{Config, ModeName, PolicyName};
 use crate::service::ServiceError;
+use sample::Sample;
 
 pub use write::write_choice;
 
@@ -324,25 +325,12 @@ where
     O::Input: Clone,
     O::Output: Clone,
 {
-    let uncapped = O::FANOUT_KEY.map(|_| O::with_fanout(operator, UNCAPPED_FANOUT));
-    let probe = O::build(uncapped.as_ref().unwrap_or(operator), None)?;
-    let sample = match &options.input {
-        Some(path) => sample::from_file::<O>(
-            config,
-            probe,
-            path,
-            options.file_format,
-            options.sample,
-            options.partitions,
-        )?,
-        None => sample::from_topic::<O>(config, probe, options.sample)?,
-    };
-    let configured = O::build(operator, None)?.constants().beta;
-    let fanout = O::FANOUT_KEY.map(|key| Fanout::of(key, configured, sample.max_outputs));
-    let operator = &match &fanout {
-        Some(fanout) => O::with_fanout(operator, fanout.chosen),
-        None => operator.clone(),
-    };
+    let Sampled {
+        sample,
+        fanout,
+        operator,
+    } = sampled::<O>(config, operator, options)?;
+    let operator = &operator;
     let empty = O::build(operator, None)?;
     let partitions = sample.partitions.len();
     let plan = TaskPlan::new::<O>(config, operator, partitions)?;
@@ -393,6 +381,46 @@ where
         current,
         recommended: recommend(&candidates),
         candidates,
+    })
+}
+
+/// The sample, read with β uncapped where the config sets it; β as
+/// measured on it; and the operator's config with the β the candidates run
+/// with.
+struct Sampled<O: ServiceOperator> {
+    sample: Sample<O::Input>,
+    fanout: Option<Fanout>,
+    operator: O::Config,
+}
+
+fn sampled<O>(config: &Config, operator: &O::Config, options: &TuneOptions) -> Result<Sampled<O>, ServiceError>
+where
+    O: Measured,
+    O::Input: Clone,
+{
+    let uncapped = O::FANOUT_KEY.map(|_| O::with_fanout(operator, UNCAPPED_FANOUT));
+    let probe = O::build(uncapped.as_ref().unwrap_or(operator), None)?;
+    let sample = match &options.input {
+        Some(path) => sample::from_file::<O>(
+            config,
+            probe,
+            path,
+            options.file_format,
+            options.sample,
+            options.partitions,
+        )?,
+        None => sample::from_topic::<O>(config, probe, options.sample)?,
+    };
+    let configured = O::build(operator, None)?.constants().beta;
+    let fanout = O::FANOUT_KEY.map(|key| Fanout::of(key, configured, sample.max_outputs));
+    let operator = match &fanout {
+        Some(fanout) => O::with_fanout(operator, fanout.chosen),
+        None => operator.clone(),
+    };
+    Ok(Sampled {
+        sample,
+        fanout,
+        operator,
     })
 }
 

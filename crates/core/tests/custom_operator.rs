@@ -51,33 +51,47 @@ impl Operator for DistinctVisitors {
     }
 }
 
-#[test]
-fn a_custom_operator_recovers_within_its_bound() {
-    let build = || DistinctVisitors {
+fn visitors() -> DistinctVisitors {
+    DistinctVisitors {
         visitors: TrackedSet::new(1),
-    };
-    let stream: Vec<u64> = (0..5_000u64).map(|i| (i * 7919) % 1_500).collect();
-    let constants = build().constants();
+    }
+}
+
+/// 5 000 visits of 1 500 visitors.
+fn visits() -> Vec<u64> {
+    (0..5_000u64).map(|i| (i * 7919) % 1_500).collect()
+}
+
+/// Approximate mode at Θ, L and Γ, on one task under the halving policy.
+fn approximate(theta: f64, max_uncovered: u64, max_unacked: u64) -> ControllerConfig {
+    let constants = visitors().constants();
     let policy = ThresholdPolicy::new(
-        GlobalThresholds::new(40.0, 16, 8).unwrap(),
+        GlobalThresholds::new(theta, max_uncovered, max_unacked).unwrap(),
         FailurePolicy::Halving,
         Placement::default(),
         true,
         constants,
     )
     .unwrap();
-    let config = ControllerConfig::new(Mode::Approximate, policy, constants);
+    ControllerConfig::new(Mode::Approximate, policy, constants)
+}
+
+#[test]
+fn a_custom_operator_recovers_within_its_bound() {
+    let (config, stream) = (approximate(40.0, 16, 8), visits());
     let options = SimulationOptions {
         seed: 9,
         crash_after: vec![500, 501, 1_800, 3_200, 4_100],
         write_failure_rate: 0.1,
         ..SimulationOptions::default()
     };
-    let (failed, report) = simulate(config, &build, &stream, options).unwrap();
+    let (failed, report) = simulate(config, &visitors, &stream, options).unwrap();
     assert!(report.violations.is_empty(), "{:?}", report.violations);
     assert_eq!(report.recoveries.len(), 5);
-    let (clean, _) = simulate(config, &build, &stream, SimulationOptions::default()).unwrap();
-    assert!(failed.distance(&clean) <= policy.bound_after(5, constants).state);
+    let (clean, _) = simulate(config, &visitors, &stream, SimulationOptions::default()).unwrap();
+    // Θ/2 + Θ/4 + … + Θ/32: five failures, θ halving after each.
+    let bound = 40.0 * (1.0 - 0.5f64.powi(5));
+    assert!(failed.distance(&clean) <= bound);
     assert!(report.totals.backups > 0);
 }
 
@@ -86,21 +100,8 @@ fn a_custom_operator_recovers_within_its_bound() {
 /// visitor: the report counts the records before the stop apart.
 #[test]
 fn the_records_a_run_writes_before_its_clean_stop_are_counted_apart() {
-    let build = || DistinctVisitors {
-        visitors: TrackedSet::new(1),
-    };
-    let stream: Vec<u64> = (0..5_000u64).map(|i| (i * 7919) % 1_500).collect();
-    let constants = build().constants();
-    let policy = ThresholdPolicy::new(
-        GlobalThresholds::new(1e9, 1 << 40, 1 << 20).unwrap(),
-        FailurePolicy::Halving,
-        Placement::default(),
-        true,
-        constants,
-    )
-    .unwrap();
-    let config = ControllerConfig::new(Mode::Approximate, policy, constants);
-    let (_, report) = simulate(config, &build, &stream, SimulationOptions::default()).unwrap();
+    let config = approximate(1e9, 1 << 40, 1 << 20);
+    let (_, report) = simulate(config, &visitors, &visits(), SimulationOptions::default()).unwrap();
     assert_eq!(report.changelog_records_before_stop, 1, "the start marker: {report:?}");
     assert!(report.changelog_records > 1_500, "{report:?}");
 }
