@@ -7,9 +7,16 @@
 //!
 //! Divergence: the Euclidean distance of the weights from their backup. A step is
 //! clipped to at most η0·R (R = `max_feature_norm`: the input is scaled down to norm R
-//! when it is longer), so one item moves the weights by at most η0·R. Replaying an
+//! when it is longer), so one item moves the weights by at most η0·R. The norm is
+//! that of the step itself: features that share a weight (a feature repeated in
+//! the list, or two that collide in the hash) are added up before it is taken,
+//! since n copies of a feature move their weight n times. Replaying an
 //! item on a slightly different model gives a different step, so two runs can move
 //! apart by both steps: α = 2·η0·R. β = 1 (one prediction per input).
+//!
+//! An item is refused when a value, the sum of the values sharing a weight,
+//! or its margin (the weights' dot product with it) is not a finite number:
+//! a step on it would make a weight NaN or infinite for good.
 
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
@@ -123,6 +130,37 @@ impl OnlineLogisticRegression {
         (xxh3_64(&feature.to_le_bytes()) & self.mask) as u32
     }
 
+    /// The item's features in their weights' slots, the values of those that
+    /// share a slot added up; returns the squared norm of that step's input
+    /// with the bias's. Refused when a value or a slot's sum is not finite.
+    fn hashed(&self, item: &LabeledVector, slots: &mut Vec<(u32, f64)>) -> Result<f64, Rejected> {
+        slots.clear();
+        for &(feature, x) in &item.features {
+            if !x.is_finite() {
+                return Err(Rejected(format!(
+                    "feature {feature} has value {x}, not a finite number"
+                )));
+            }
+            slots.push((self.slot(feature), x));
+        }
+        slots.sort_unstable_by_key(|&(slot, _)| slot);
+        slots.dedup_by(|next, kept| {
+            let same = next.0 == kept.0;
+            if same {
+                kept.1 += next.1;
+            }
+            same
+        });
+        let mut norm2 = 1.0; // the bias input
+        for &(slot, x) in slots.iter() {
+            if !x.is_finite() {
+                return Err(Rejected(format!("the features of weight {slot} add up to {x}")));
+            }
+            norm2 += x * x;
+        }
+        Ok(norm2)
+    }
+
     fn margin(&self, slots: &[(u32, f64)]) -> f64 {
         slots.iter().map(|&(slot, x)| self.weights.get(slot) * x).sum::<f64>() + self.weights.get(self.bias_slot())
     }
@@ -230,17 +268,25 @@ impl Operator for OnlineLogisticRegression {
     type Output = Prediction;
 
     fn process(&mut self, item: &LabeledVector, outputs: &mut Vec<Prediction>) -> Result<(), ProcessError> {
-        let mut norm2 = 1.0; // the bias input
-        for &(feature, x) in &item.features {
-            if !x.is_finite() {
-                return Err(Rejected(format!("feature {feature} has value {x}, not a finite number")).into());
-            }
-            norm2 += x * x;
-        }
         let mut slots = std::mem::take(&mut self.slots);
-        slots.clear();
-        slots.extend(item.features.iter().map(|&(f, x)| (self.slot(f), x)));
-        let probability = sigmoid(self.margin(&slots));
+        let checked = self.hashed(item, &mut slots).and_then(|norm2| {
+            let margin = self.margin(&slots);
+            if margin.is_finite() {
+                Ok((norm2, margin))
+            } else {
+                Err(Rejected(format!(
+                    "the model's margin on it is {margin}, not a finite number"
+                )))
+            }
+        });
+        let (norm2, margin) = match checked {
+            Ok(checked) => checked,
+            Err(reason) => {
+                self.slots = slots;
+                return Err(reason.into());
+            }
+        };
+        let probability = sigmoid(margin);
         let correct = (probability >= 0.5) == item.label;
         self.correct.add(if correct { 1.0 } else { 0.0 });
         self.loss.add(log_loss(probability, item.label));
@@ -320,6 +366,61 @@ mod tests {
                 }
             })
             .collect()
+    }
+
+    /// The weights' Euclidean move on one item, from a fresh model.
+    fn first_step(config: LogisticConfig, features: Vec<(u64, f64)>) -> f64 {
+        let fresh = OnlineLogisticRegression::new(config).unwrap();
+        let mut lr = fresh.clone();
+        let item = LabeledVector { label: true, features };
+        lr.process(&item, &mut Vec::new()).unwrap();
+        lr.weights.distance(&fresh.weights)
+    }
+
+    #[test]
+    fn features_sharing_a_weight_move_it_no_more_than_one_clipped_step() {
+        let config = LogisticConfig {
+            feature_bits: 8,
+            learning_rate: 0.5,
+            max_feature_norm: 2.0,
+        };
+        // η0·R: the most one item may move the weights.
+        let step = 0.5 * 2.0;
+        let repeated = first_step(config, vec![(7, 1.0); 16]);
+        assert!(
+            repeated <= step * (1.0 + 1e-12),
+            "16 copies of a feature moved {repeated}"
+        );
+        let colliding = LogisticConfig {
+            feature_bits: 1,
+            ..config
+        };
+        let moved = first_step(colliding, (0..16).map(|f| (f, 1.0)).collect());
+        assert!(moved <= step * (1.0 + 1e-12), "16 features on 2 weights moved {moved}");
+        // One feature of norm under R is not clipped: the step is η0·|y − p|·‖x‖.
+        let single = first_step(config, vec![(7, 1.0)]);
+        assert!((single - 0.5 * 0.5 * 2f64.sqrt()).abs() < 1e-12, "{single}");
+    }
+
+    #[test]
+    fn an_item_that_would_make_a_weight_infinite_is_refused_and_the_model_kept() {
+        let mut lr = OnlineLogisticRegression::new(LogisticConfig::default()).unwrap();
+        let slot = lr.slot(1);
+        lr.shift_weight(slot, 10.0);
+        let before = lr.clone();
+        let refused = [
+            vec![(1, f64::MAX), (1, f64::MAX)],
+            vec![(1, 1e308)],
+            vec![(2, f64::NAN)],
+        ];
+        for features in refused {
+            let item = LabeledVector { label: true, features };
+            let result = lr.process(&item, &mut Vec::new());
+            assert!(matches!(result, Err(ProcessError::Rejected(_))), "{item:?}: {result:?}");
+        }
+        assert_eq!(lr.distance(&before), 0.0);
+        assert_eq!(lr.steps(), 0);
+        assert!(lr.weights.values().all(f64::is_finite));
     }
 
     #[test]

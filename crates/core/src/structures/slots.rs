@@ -304,11 +304,18 @@ impl DriftSlots {
     /// Exact for L1, L2 and key count. For the max difference it is exact whenever
     /// it exceeds θ (the only case that triggers a backup) and otherwise an upper
     /// bound that never exceeds θ once a partial backup left small drifts behind.
+    /// A sum that is not a number (a value that is not one) is an infinite
+    /// divergence: a backup at once, where `max` would have made it 0 for good.
     #[inline]
     pub fn divergence(&self) -> f64 {
+        let sum = if self.sum.is_nan() {
+            f64::INFINITY
+        } else {
+            self.sum.max(0.0)
+        };
         match self.norm {
-            Norm::L1 | Norm::KeyCount => self.sum.max(0.0),
-            Norm::L2 => self.sum.max(0.0).sqrt(),
+            Norm::L1 | Norm::KeyCount => sum,
+            Norm::L2 => sum.sqrt(),
             Norm::Max => {
                 if self.over.is_empty() {
                     self.running_max.min(self.write_threshold())

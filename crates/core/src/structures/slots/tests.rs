@@ -272,3 +272,14 @@ fn a_max_norm_owed_only_backup_writes_the_slots_over_half_theta() {
     slots.set(1, 2.0);
     assert_eq!(indices(slots.backup(1, BackupScope::Owed)), vec![0]);
 }
+
+#[test]
+fn a_value_that_is_not_a_number_makes_the_divergence_infinite_not_zero() {
+    for norm in [Norm::L1, Norm::L2] {
+        let mut slots = DriftSlots::new(norm, 2);
+        slots.set(0, 1.0);
+        assert!(slots.divergence() > 0.0 && slots.divergence().is_finite());
+        slots.set(1, f64::NAN);
+        assert_eq!(slots.divergence(), f64::INFINITY, "{norm:?}");
+    }
+}
