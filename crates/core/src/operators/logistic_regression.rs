@@ -403,6 +403,24 @@ mod tests {
     }
 
     #[test]
+    fn a_first_step_is_the_learning_rate_times_the_error_times_the_input_clipped_to_r() {
+        let config = LogisticConfig {
+            feature_bits: 8,
+            learning_rate: 3.0,
+            max_feature_norm: 2.0,
+        };
+        // p = 0.5 on a fresh model, so |y − p| = 0.5; the bias input is 1.
+        let unclipped = first_step(config, vec![(7, 1.0)]);
+        assert!((unclipped - 3.0 * 0.5 * 2f64.sqrt()).abs() < 1e-12, "{unclipped}");
+        // ‖(3, 1)‖ > R: the input is scaled down to norm R.
+        let clipped = first_step(config, vec![(7, 3.0)]);
+        assert!((clipped - 3.0 * 0.5 * 2.0).abs() < 1e-12, "{clipped}");
+        // Two copies of a feature are one feature of twice the value.
+        let twice = first_step(config, vec![(7, 0.5), (7, 0.5)]);
+        assert!((twice - unclipped).abs() < 1e-12, "{twice} against {unclipped}");
+    }
+
+    #[test]
     fn an_item_that_would_make_a_weight_infinite_is_refused_and_the_model_kept() {
         let mut lr = OnlineLogisticRegression::new(LogisticConfig::default()).unwrap();
         let slot = lr.slot(1);
