@@ -622,8 +622,7 @@ fn fanout_line(fanout: &Fanout) -> String {
 }
 
 fn trim(number: f64) -> String {
-    let text = format!("{number:.6}");
-    text.trim_end_matches('0').trim_end_matches('.').to_string()
+    crate::service::check::trim(&format!("{number:.6}"))
 }
 
 #[cfg(test)]

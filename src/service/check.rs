@@ -121,7 +121,7 @@ fn row(out: &mut String, k: &str, t: TaskThresholds, bound: Option<ErrorBound>) 
 }
 
 /// `1.500000` → `1.5`, `2.000000` → `2`.
-fn trim(number: &str) -> String {
+pub(crate) fn trim(number: &str) -> String {
     if number.contains('.') {
         number.trim_end_matches('0').trim_end_matches('.').to_string()
     } else {
