@@ -477,7 +477,7 @@ fn run_rounds<O: ServiceOperator>(
         worked |= starter.start(shared, &mut manager, feedback.as_ref(), started, now_ms)?;
         // After the assignments: a partition assigned and then revoked within
         // one poll is started, then handed off.
-        worked |= revoking(shared, &mut manager, &mut handoff, now_ms);
+        worked |= revoking(shared, &mut manager, starter, &mut handoff, now_ms);
         if let Some(reader) = feedback {
             worked |= reader.hand_to(shared, manager.active_mut());
         }
@@ -582,10 +582,13 @@ impl IdleBackoff {
 }
 
 /// Partitions the group takes back cooperatively: their tasks begin their
-/// clean stop, and the partitions join the handoff. Whether there were any.
+/// clean stop, a restore of theirs still running is dropped (its task would
+/// start on a partition no longer assigned), and the partitions join the
+/// handoff. Whether there were any.
 fn revoking<O: ServiceOperator>(
     shared: &TaskEnv<'_>,
     manager: &mut TaskManager<Task<O>>,
+    starter: &mut TaskStarter<'_, O>,
     handoff: &mut Option<Revocation>,
     now_ms: u64,
 ) -> bool {
@@ -593,7 +596,9 @@ fn revoking<O: ServiceOperator>(
     let Some(revocation) = context.revoking.lock().ok().and_then(|mut r| r.take()) else {
         return false;
     };
-    manager.hand_off(shared, &revocation.partitions(), now_ms);
+    let partitions = revocation.partitions();
+    starter.cancel(&partitions);
+    manager.hand_off(shared, &partitions, now_ms);
     match handoff.as_mut() {
         Some(pending) => pending.add(&revocation.tpl),
         None => *handoff = Some(revocation),
