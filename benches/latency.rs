@@ -6,8 +6,10 @@
 //! while γ outputs are unacknowledged. So approximate mode should run near
 //! `none` whatever the round trip, on one task or several.
 //!
-//! Every workload at the engine benchmark's thresholds (`benches/operators.rs`),
-//! items in poll batches of 500, on 1 and on 4 tasks (the input split in four
+//! Every workload at the thresholds of its shipped config (`configs/`, as
+//! `cargo bench --bench kafka` runs them; γ bounds the outputs in flight, so
+//! a task takes at most γ outputs a round trip and Γ must be sized to the
+//! rate), items in poll batches of 500, on 1 and on 4 tasks (the input split in four
 //! partitions, the tasks served round robin by one thread, as a consumer
 //! thread serves its partitions): mode `none`, `approximate`, and
 //! `approximate` while the outputs linger 1 ms before their round trip (as the
@@ -190,6 +192,16 @@ fn run_case<O: Operator>(
     started.elapsed()
 }
 
+/// Θ, L and Γ of a shipped config.
+fn shipped_thresholds(name: &str) -> (f64, u64, u64) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("configs")
+        .join(name);
+    let config = afstream::service::config::load(&path, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+    let ft = &config.pipeline.fault_tolerance;
+    (ft.theta, ft.max_uncovered, ft.max_unacked)
+}
+
 fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
@@ -199,7 +211,9 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-fn workload<O: Operator>(name: &str, build: impl Fn() -> O, items: &[O::Input], thresholds: (f64, u64, u64)) {
+fn workload<O: Operator>(workload: &str, build: impl Fn() -> O, items: &[O::Input], thresholds: (f64, u64, u64)) {
+    let (theta, l, gamma) = thresholds;
+    let name = format!("{workload} (Θ = {theta}, L = {l}, Γ = {gamma})");
     let rounds = env_number("AFSTREAM_BENCH_ROUNDS", 5).max(1);
     let round_trips: Vec<u64> = std::env::var("AFSTREAM_BENCH_RTT_US")
         .ok()
@@ -251,31 +265,31 @@ fn main() {
     println!("| --- | --- | --- | --- | --- | --- |");
     let packets = workloads::zipf_flows(count, 100_000, 1.1, 1);
     workload(
-        "heavy hitters (Θ = 10^5 B, L = 10^3, Γ = 10^3)",
+        "heavy hitters",
         || HeavyHitters::new(HeavyHitterConfig::default()).expect("config"),
         &packets,
-        (1e5, 1000, 1000),
+        shipped_thresholds("heavy-hitters.toml"),
     );
     let (vectors, _) = workloads::separable_vectors(count, 1 << 16, 10, 2);
     workload(
-        "logistic regression (Θ = 10, L = 10^3, Γ = 10^3)",
+        "logistic regression",
         || OnlineLogisticRegression::new(LogisticConfig::default()).expect("config"),
         &vectors,
-        (10.0, 1000, 1000),
+        shipped_thresholds("logistic-regression.toml"),
     );
     let tuples = workloads::join_streams(count, 10_000, 3);
     workload(
-        "online join (Θ = 10^3, L = 10^3, Γ = 10^3)",
+        "online join",
         || OnlineJoin::new(JoinConfig::default()).expect("config"),
         &tuples,
-        (1e3, 1000, 1000),
+        shipped_thresholds("online-join.toml"),
     );
     let lines = workloads::text_lines(count / 10, 10, 50_000, 4);
     workload(
-        "WordCount (Θ = 10^4, L = 10^3, Γ = 2·10^4)",
+        "WordCount",
         || WordCount::new(WordCountConfig::default()).expect("config"),
         &lines,
-        (1e4, 1000, 20_000),
+        shipped_thresholds("word-count.toml"),
     );
     let values = workloads::keyed_values(count, 100_000, 5);
     let sum = KeyedAggregationConfig {
@@ -283,9 +297,9 @@ fn main() {
         ..Default::default()
     };
     workload(
-        "keyed sum (Θ = 10^6, L = 10^3, Γ = 10^3)",
+        "keyed sum",
         || KeyedAggregation::new(sum).expect("config"),
         &values,
-        (1e6, 1000, 1000),
+        shipped_thresholds("keyed-aggregation.toml"),
     );
 }

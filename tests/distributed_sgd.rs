@@ -159,6 +159,14 @@ fn run(broker: &Broker, input: &str, consistency: Consistency, kills: bool) -> R
         &format!("{label}: a global model of iteration {last}"),
         || done(broker, &group, last),
     );
+    if kills {
+        // Under ASP the killed workers may have published every model before
+        // the kill; their partitions still come back to the restarted process
+        // once the killed member's session expires, and it recovers them.
+        workers.wait_until(RUN_DEADLINE, &format!("{label}: the workers' recoveries"), || {
+            log_lines(&workers_log, "recovered from a failure").len() >= WORKERS
+        });
+    }
     assert!(
         workers.terminate(RUN_DEADLINE).success(),
         "{label}: workers stop cleanly"

@@ -18,8 +18,10 @@ pub struct LoggedRecovery {
     pub failures: u32,
     pub resume_offset: u64,
     pub bound_state: f64,
-    /// Outputs the failure may have lost or repeated.
+    /// Outputs the failure may have repeated.
     pub bound_outputs: f64,
+    /// Outputs the failure may have lost (a restart on a local store).
+    pub bound_lost_outputs: f64,
     /// Opening the store, reading the last marker and restoring the state.
     pub restore_seconds: f64,
     /// The changelog offset a restore from the changelog read to (none when
@@ -44,6 +46,7 @@ pub fn logged_recoveries(log: &str) -> Vec<LoggedRecovery> {
                 resume_offset: log_field(line, "resume_offset")? as u64,
                 bound_state: log_field(line, "bound_state")?,
                 bound_outputs: log_field(line, "bound_outputs").unwrap_or(0.0),
+                bound_lost_outputs: log_field(line, "bound_lost_outputs").unwrap_or(0.0),
                 restore_seconds: log_field(line, "restore_seconds").unwrap_or(0.0),
                 changelog_end: log_field(line, "changelog_end").map(|end| end as u64),
             })

@@ -444,7 +444,7 @@ mod tests {
     fn recoveries_are_read_from_the_service_log() {
         let log = "2026-12-03T17:30:50Z  WARN afstream::service::runner: recovered from a failure partition=1 \
                    source=Marker resume_offset=3440 failures=2 restored_records=8247 changelog_end=8250 restore_seconds=0.25 \
-                   bound_state=3400.0 bound_outputs=3700.0\n2026-12-03T17:30:51Z  INFO task started partition=0";
+                   bound_state=3400.0 bound_outputs=3700.0 bound_lost_outputs=500\n2026-12-03T17:30:51Z  INFO task started partition=0";
         assert_eq!(
             logged_recoveries(log),
             vec![LoggedRecovery {
@@ -453,6 +453,7 @@ mod tests {
                 resume_offset: 3440,
                 bound_state: 3400.0,
                 bound_outputs: 3700.0,
+                bound_lost_outputs: 500.0,
                 restore_seconds: 0.25,
                 changelog_end: Some(8250),
             }]

@@ -86,8 +86,11 @@ pub struct RunOutcome {
     pub bound_state: f64,
     /// The sum of the recoveries' bounds on outputs repeated.
     pub bound_outputs: f64,
+    /// The sum of the recoveries' bounds on outputs lost.
+    pub bound_lost_outputs: f64,
     /// What the output may be off by: the state bound, plus α for every output
-    /// lost (a per-key output left stale moves that key by at most α).
+    /// lost (a per-key output left stale moves that key by at most α) or
+    /// repeated (an allowance: the latest output of a key is the replay's).
     pub output_error_bound: f64,
     /// From the first start to the clean stop of the last run, restarts included.
     pub seconds: f64,
@@ -155,6 +158,7 @@ pub struct RecoveryRecord {
     pub resume_offset: u64,
     pub bound_state: f64,
     pub bound_outputs: f64,
+    pub bound_lost_outputs: f64,
     /// How long the restore took (store, last marker, changelog).
     pub restore_seconds: f64,
     /// The distance, in the operator's divergence, between the state the
@@ -247,6 +251,7 @@ pub fn recovery_records(
             resume_offset: r.resume_offset,
             bound_state: r.bound_state,
             bound_outputs: r.bound_outputs,
+            bound_lost_outputs: r.bound_lost_outputs,
             restore_seconds: r.restore_seconds,
             observed_state: observed(r),
             bound_so_far: bound_so_far(r),
@@ -502,7 +507,8 @@ impl Experiment<'_> {
         // `+ 0.0`: an empty sum is -0.0.
         let bound_state = recoveries.iter().map(|r| r.bound_state).sum::<f64>() + 0.0;
         let bound_outputs = recoveries.iter().map(|r| r.bound_outputs).sum::<f64>() + 0.0;
-        let output_error_bound = bound_state + self.alpha * bound_outputs;
+        let bound_lost_outputs = recoveries.iter().map(|r| r.bound_lost_outputs).sum::<f64>() + 0.0;
+        let output_error_bound = bound_state + self.alpha * (bound_outputs + bound_lost_outputs);
         let comparison = report
             .comparison
             .ok_or_else(|| ServiceError::Unsupported("no comparison".into()))?;
@@ -521,6 +527,7 @@ impl Experiment<'_> {
             failures_injected: made,
             bound_state,
             bound_outputs,
+            bound_lost_outputs,
             output_error_bound,
             seconds,
             items_per_second: options.items as f64 / seconds.max(1e-9),

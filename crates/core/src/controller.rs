@@ -122,6 +122,9 @@ pub enum Blocked {
     StartMarker,
     /// The task is stopping or stopped.
     Stopping,
+    /// The local store must be written first
+    /// ([`crate::driver::TaskDriver::write_store_every`]).
+    StoreWrite,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -156,6 +156,10 @@ pub struct TaskDriver<O: Operator> {
     /// backup sequence: its marker carries it.
     sources_at_backup: VecDeque<(u64, SourcePositions)>,
     outputs: Vec<O::Output>,
+    /// With a local store: the most items taken past its last write
+    /// ([`Self::write_store_every`]), and how many are now.
+    max_unwritten_items: Option<u64>,
+    unwritten_items: u64,
     stats: DriverStats,
     faults: DriverFaults,
 }
@@ -231,6 +235,8 @@ impl<O: Operator> TaskDriver<O> {
             sources: plan.sources.clone(),
             sources_at_backup: VecDeque::new(),
             outputs: Vec::new(),
+            max_unwritten_items: None,
+            unwritten_items: 0,
             stats: DriverStats::default(),
             faults: DriverFaults::default(),
         };
@@ -262,6 +268,7 @@ impl<O: Operator> TaskDriver<O> {
     /// ([`StoreCheckpoint`]): call after [`Self::stage_state`], before the
     /// changelog records handed out so far are sent.
     pub fn checkpoint(&mut self, checkpoint: &mut StoreCheckpoint) {
+        self.unwritten_items = 0;
         checkpoint.next_offset = self.controller.processed().offset;
         checkpoint.next_seq = self.controller.next_seq();
         if checkpoint.sources != self.sources {
@@ -271,6 +278,16 @@ impl<O: Operator> TaskDriver<O> {
             checkpoint.priors = self.priors.crash_view(self.held.iter());
             self.priors_changed = false;
         }
+    }
+
+    /// A task on a local store takes at most `max_unwritten_items` items past
+    /// the store's last write ([`Self::checkpoint`]), then waits for the next
+    /// write ([`Blocked::StoreWrite`]). A restart on the store replays those
+    /// items and may repeat their outputs, so this is what bounds the repeats
+    /// ([`crate::recovery::StoreWrites`]), even while the adapter holds its
+    /// writes back (a delivery's backoff, say).
+    pub fn write_store_every(&mut self, max_unwritten_items: u64) {
+        self.max_unwritten_items = Some(max_unwritten_items.max(1));
     }
 
     /// Stages the operator's state changes for its local store; the adapter
@@ -301,10 +318,11 @@ impl<O: Operator> TaskDriver<O> {
     /// is read like one and goes where rejected items go ([`TaskIo::rejected`]).
     /// Returns false, taking nothing, when input must wait.
     pub fn refuse(&mut self, offset: u64, reason: &Rejected, now_ms: u64, io: &mut impl TaskIo<O::Output>) -> bool {
-        if let Err(reason) = self.controller.readiness() {
+        if let Err(reason) = self.readiness() {
             self.controller.count_stall(reason);
             return false;
         }
+        self.unwritten_items += 1;
         let sent = self.reject(offset, reason, io);
         self.item_done(offset, sent, now_ms, io);
         self.end_run(io);
@@ -320,6 +338,9 @@ impl<O: Operator> TaskDriver<O> {
 
     /// Whether the next item may be taken.
     pub fn readiness(&self) -> Result<(), Blocked> {
+        if self.max_unwritten_items.is_some_and(|max| self.unwritten_items >= max) {
+            return Err(Blocked::StoreWrite);
+        }
         self.controller.readiness()
     }
 
@@ -339,7 +360,7 @@ impl<O: Operator> TaskDriver<O> {
         let mut items = items.into_iter().peekable();
         let mut taken = 0;
         while items.peek().is_some() {
-            if let Err(reason) = self.controller.readiness() {
+            if let Err(reason) = self.readiness() {
                 self.controller.count_stall(reason);
                 break;
             }
@@ -355,6 +376,7 @@ impl<O: Operator> TaskDriver<O> {
             } else {
                 self.process_one(offset, input, now_ms, io)?;
             }
+            self.unwritten_items += 1;
             taken += 1;
         }
         self.end_run(io);

@@ -20,11 +20,14 @@
 //! A task may also keep its state in a local store ([`SimulatedTask::on_local_store`]):
 //! written after every poll batch and every round of acknowledgements, before
 //! the changelog records handed out since go to the broker (as the service
-//! does). A crash then restarts it on its store where the service would (the
-//! changelog's last marker is the store's own), or loses the store with the
-//! machine and recovers from the changelog. A restart on the store must catch
-//! up to exactly the lost state, lose at most γ outputs, and leave the
-//! changelog such that a later loss of the store stays within θ.
+//! does). A crash may come between a poll batch and the store write after it,
+//! once the batch's outputs went out. It then restarts the task on its store
+//! where the service would (the changelog's last marker is the store's own),
+//! or loses the store with the machine and recovers from the changelog. A
+//! restart on the store must catch up to exactly the lost state, lose at most
+//! γ outputs, repeat at most those of one poll batch (β each), claim no less
+//! than that in its own bound, and leave the changelog such that a later loss
+//! of the store stays within θ.
 
 use std::collections::VecDeque;
 
@@ -39,9 +42,11 @@ use super::entry::BackupEntry;
 use super::error::CoreError;
 use super::mode::Mode;
 use super::operator::Operator;
-use super::recovery::{read_changelog, BackupMarker, ChangelogState, RecoveryPlan, ResumeSource, StoreCheckpoint};
+use super::recovery::{
+    read_changelog, BackupMarker, ChangelogState, RecoveryPlan, ResumeSource, StoreCheckpoint, StoreWrites,
+};
 use super::structures::{KeyStore, MemoryKeyStore};
-use super::thresholds::FailurePolicy;
+use super::thresholds::{ErrorBound, FailurePolicy};
 
 mod broker;
 
@@ -76,11 +81,17 @@ pub struct SimulationOptions {
     /// With a local store: the probability that a crash keeps it (the process
     /// died, the machine did not).
     pub local_restarts: f64,
+    /// With a local store: the probability that a store write is held back
+    /// (the service holds one during a failed delivery's backoff, or while
+    /// dead letters are unacknowledged).
+    pub held_store_writes: f64,
     /// A crash leaves its owner stalled, not dead: the changelog writes it had
     /// in flight land later, after the next run has written the changelog (a
     /// zombie owner, [`crate::fence`]). Compaction then spares the records
-    /// written since the last recovery, as a `min.compaction.lag.ms` longer
-    /// than the time to the next recovery does.
+    /// written since the last recovery whose run got its start marker into
+    /// the log (a run that crashed before rewrote nothing a late write
+    /// superseded), as a `min.compaction.lag.ms` longer than the time to the
+    /// next such recovery does.
     pub zombie_writes: bool,
 }
 
@@ -98,6 +109,7 @@ impl Default for SimulationOptions {
             driver_faults: DriverFaults::default(),
             tolerance: 1e-9,
             local_restarts: 0.0,
+            held_store_writes: 0.0,
             zombie_writes: false,
         }
     }
@@ -113,8 +125,17 @@ pub enum Violation {
     LostOutput { crash: usize, item_offset: u64 },
     /// A restart on the local store lost more outputs than γ.
     LostOutputs { crash: usize, lost: u64, bound: u64 },
-    /// More outputs will be repeated than β per replayed item.
+    /// More outputs will be repeated than β per replayed item, or, on a
+    /// restart on the local store, than β per item of one poll batch.
     RepeatedOutputs { crash: usize, repeated: u64, bound: u64 },
+    /// A recovery's own bound (what the service logs) claims fewer repeated
+    /// or lost outputs than the crash made.
+    OutputsUnderReported {
+        crash: usize,
+        repeated: u64,
+        lost: u64,
+        claimed: ErrorBound,
+    },
     /// A recovery restored something else than the state logged at the last
     /// marker (each key's latest record before it).
     NotTheMarkedState { crash: usize, key: Vec<u8> },
@@ -232,6 +253,8 @@ pub struct SimulatedTask<'a, O: Operator> {
     report: SimulationReport,
     checks: Vec<PendingCheck<O>>,
     failure_bounds: Vec<f64>,
+    /// The loop round until which store writes are held back.
+    store_held_until: u64,
 }
 
 impl<'a, O> SimulatedTask<'a, O>
@@ -266,6 +289,9 @@ where
         let (operator, config) = build_operator(build, local.as_ref(), config);
         let (mut driver, _) = TaskDriver::recover(config, operator, &empty, None, 0, 0, &mut broker)?;
         set_driver_faults(&mut driver, options.driver_faults);
+        if local.is_some() {
+            driver.write_store_every(options.max_batch as u64);
+        }
         Ok(SimulatedTask {
             config,
             build,
@@ -277,6 +303,7 @@ where
             report: SimulationReport::default(),
             checks: Vec::new(),
             failure_bounds: Vec::new(),
+            store_held_until: 0,
         })
     }
 
@@ -307,6 +334,18 @@ where
     /// the state's changes to the local store (with the offset they are exact
     /// at), then sends the changelog records handed out since.
     fn persist(&mut self) {
+        if self.local.is_some() {
+            if self.store_write_held() {
+                return;
+            }
+            if self.broker.rng.gen_bool(self.options.held_store_writes.clamp(0.0, 1.0)) {
+                // Held back for a few rounds, as the service holds its writes
+                // while a failed delivery's backoff lasts: the changelog
+                // records wait with them.
+                self.store_held_until = self.broker.step + self.broker.rng.gen_range(1..=4);
+                return;
+            }
+        }
         self.driver.stage_state();
         if let Some(local) = &mut self.local {
             local.store.write();
@@ -314,6 +353,10 @@ where
         }
         self.driver.state_durable();
         self.broker.release();
+    }
+
+    fn store_write_held(&self) -> bool {
+        self.broker.step < self.store_held_until
     }
 
     fn add_totals(&mut self) {
@@ -338,15 +381,19 @@ where
         let crash = self.report.recoveries.len();
         let processed = self.driver.controller().processed();
         self.add_totals();
+        let started = !self.driver.controller().is_starting();
         let lost_outputs = self.broker.crash();
         if let Some(local) = &self.local {
             // What the process staged and never wrote dies with it.
             local.store.drop_staged();
         }
+        if started {
+            self.broker.compactable = self.broker.compactable_once_started;
+        }
         if self.broker.rng.gen_bool(0.5) {
             self.broker.compact();
         }
-        self.broker.compactable = self.broker.log.len();
+        self.broker.compactable_once_started = self.broker.log.len();
         let lost = self.driver.operator().clone();
         if self.driver.stats().items == 0 {
             if let Some(last) = self.report.recoveries.last_mut() {
@@ -372,20 +419,26 @@ where
             self.recover_from_changelog(crash, &changelog)?
         };
         set_driver_faults(&mut self.driver, self.options.driver_faults);
+        if self.local.is_some() {
+            // The service writes its store after every poll batch.
+            self.driver.write_store_every(self.options.max_batch as u64);
+        }
 
         let lost_before: Vec<u64> = lost_outputs
             .into_iter()
             .filter(|offset| *offset < plan.resume_offset)
             .collect();
+        let lost_count = lost_before.len() as u64;
         if plan.source == ResumeSource::LocalStore {
             // The store is exact at its offset, written whatever outputs were
             // unacknowledged: at most γ, and γ never exceeds Γ/2.
             let bound = self.config.policy.global.max_unacked.div_ceil(2);
-            let lost = lost_before.len() as u64;
-            if lost > bound {
-                self.report
-                    .violations
-                    .push(Violation::LostOutputs { crash, lost, bound });
+            if lost_count > bound {
+                self.report.violations.push(Violation::LostOutputs {
+                    crash,
+                    lost: lost_count,
+                    bound,
+                });
             }
         } else {
             for item_offset in lost_before {
@@ -394,22 +447,24 @@ where
                     .push(Violation::LostOutput { crash, item_offset });
             }
         }
+        let repeated = self
+            .broker
+            .sink
+            .iter()
+            .filter(|(offset, _)| *offset >= plan.resume_offset && *offset < processed.offset)
+            .count() as u64;
         if self.config.mode == Mode::Approximate {
-            let repeated = self
-                .broker
-                .sink
-                .iter()
-                .filter(|(offset, _)| *offset >= plan.resume_offset && *offset < processed.offset)
-                .count() as u64;
-            let replayed_items = processed.offset.saturating_sub(plan.resume_offset);
-            let allowed = replayed_items.saturating_mul(self.config.constants.beta);
-            if repeated > allowed {
-                self.report.violations.push(Violation::RepeatedOutputs {
-                    crash,
-                    repeated,
-                    bound: allowed,
-                });
-            }
+            self.check_repeats(crash, &plan, processed.offset, repeated);
+        }
+        if plan.source == ResumeSource::LocalStore
+            && (repeated as f64 > plan.introduced.outputs || lost_count as f64 > plan.introduced.lost_outputs)
+        {
+            self.report.violations.push(Violation::OutputsUnderReported {
+                crash,
+                repeated,
+                lost: lost_count,
+                claimed: plan.introduced,
+            });
         }
         // Outputs of items that will be replayed are made again: set them aside,
         // so the sink compares with a failure-free run (they stay delivered).
@@ -449,6 +504,25 @@ where
         Ok(())
     }
 
+    /// At most β outputs of each replayed item repeat; on a restart on the
+    /// local store, which the harness writes after every poll batch, the
+    /// replayed items are at most one batch.
+    fn check_repeats(&mut self, crash: usize, plan: &RecoveryPlan, crash_offset: u64, repeated: u64) {
+        let beta = self.config.constants.beta;
+        let replayed_items = crash_offset.saturating_sub(plan.resume_offset);
+        let mut allowed = replayed_items.saturating_mul(beta);
+        if plan.source == ResumeSource::LocalStore {
+            allowed = allowed.min((self.options.max_batch as u64).saturating_mul(beta));
+        }
+        if repeated > allowed {
+            self.report.violations.push(Violation::RepeatedOutputs {
+                crash,
+                repeated,
+                bound: allowed,
+            });
+        }
+    }
+
     /// Whether the task restarts on its local store: it has one, the crash
     /// kept it, and the changelog's last marker is its own (as the service
     /// decides: otherwise the store may not know every key the log holds).
@@ -471,11 +545,11 @@ where
         };
         let (mut operator, config) = build_operator(self.build, Some(local), self.config);
         operator.load_local_state()?;
-        let plan = RecoveryPlan::local(
-            &local.checkpoint,
-            last_marker,
-            self.config.policy.for_failures(0).max_unacked,
-        );
+        let writes = StoreWrites {
+            max_unwritten_items: self.options.max_batch as u64,
+            largest_gamma: self.config.policy.for_failures(0).max_unacked,
+        };
+        let plan = RecoveryPlan::local(&local.checkpoint, last_marker, writes, self.config.constants);
         let now = self.broker.step;
         self.driver = TaskDriver::start(config, operator, &plan, Vec::new(), now, &mut self.broker)?;
         Ok(plan)
@@ -532,6 +606,21 @@ where
         }
     }
 
+    /// The next crash's item count is reached.
+    fn crash_reached(&self, crashes: &VecDeque<u64>) -> bool {
+        crashes
+            .front()
+            .is_some_and(|&at| self.report.totals.items + self.driver.stats().items >= at)
+    }
+
+    /// The next crash is reached and the moment is one the options ask for.
+    fn crash_due(&self, crashes: &VecDeque<u64>) -> bool {
+        self.crash_reached(crashes)
+            && (!self.options.crash_during_backup || self.driver.controller().backup_open())
+            && (!self.options.crash_when_changelog_idle
+                || (self.broker.writes.is_empty() && !self.driver.controller().backup_open()))
+    }
+
     /// Runs the whole stream, crashing where the options say, and stops cleanly at
     /// the end.
     pub fn run(self, stream: &[O::Input]) -> Result<(O, SimulationReport), CoreError> {
@@ -551,13 +640,7 @@ where
         loop {
             self.broker.step += 1;
             self.deliver(false);
-            let crash_due = crashes
-                .front()
-                .is_some_and(|&at| self.report.totals.items + self.driver.stats().items >= at)
-                && (!self.options.crash_during_backup || self.driver.controller().backup_open())
-                && (!self.options.crash_when_changelog_idle
-                    || (self.broker.writes.is_empty() && !self.driver.controller().backup_open()));
-            if crash_due {
+            if self.crash_due(&crashes) {
                 crashes.pop_front();
                 self.crash()?;
                 self.check_caught_up();
@@ -572,7 +655,7 @@ where
                 if self.driver.is_stopped() {
                     break;
                 }
-                if !self.deliver(true) {
+                if !self.deliver(true) && !self.store_write_held() {
                     self.report.violations.push(Violation::Stalled {
                         next_offset: self.next_offset,
                         reason: "the clean stop never finished".to_string(),
@@ -583,7 +666,7 @@ where
             }
             if self.next_offset >= end {
                 // Waiting for a crash still to come at the end.
-                if !self.deliver(true) {
+                if !self.deliver(true) && !self.store_write_held() {
                     crashes.clear();
                 }
                 continue;
@@ -602,16 +685,26 @@ where
                 taken_total += 1;
                 self.next_offset += 1;
                 self.check_caught_up();
-                let crash_now = crashes
-                    .front()
-                    .is_some_and(|&at| self.report.totals.items + self.driver.stats().items >= at);
-                if crash_now {
+                if self.crash_reached(&crashes) {
                     break;
                 }
             }
+            if self.crash_due(&crashes) {
+                // Between the poll batch and the store write that follows it:
+                // its outputs went out, its state is not in the store.
+                crashes.pop_front();
+                self.crash()?;
+                self.check_caught_up();
+                continue;
+            }
             // The service writes a store-backed state after every poll batch.
             self.persist();
-            if taken_total == 0 && self.driver.readiness().is_err() && !self.deliver(true) {
+            if taken_total == 0
+                && self.driver.readiness().is_err()
+                && !self.deliver(true)
+                && !self.store_write_held()
+                && self.driver.readiness().is_err()
+            {
                 self.report.violations.push(Violation::Stalled {
                     next_offset: self.next_offset,
                     reason: format!("{:?}", self.driver.readiness()),

@@ -46,7 +46,7 @@ pub use operator::{AnalysisConstants, BackupScope, Operator, ProcessError, Rejec
 pub use prior_chain::CrashPriors;
 pub use recovery::{
     last_marker_in_order, read_changelog, BackupMarker, ChangelogReader, ChangelogState, MarkedState, RecentFailures,
-    RecoveryPlan, Restart, ResumeSource, StoreCheckpoint,
+    RecoveryPlan, Restart, ResumeSource, StoreCheckpoint, StoreWrites,
 };
 pub use sources::{source_identity, SourcePosition, SourcePositions};
 pub use structures::{

@@ -596,18 +596,44 @@ pub struct StoreCheckpoint {
     pub priors: CrashPriors,
 }
 
+/// What a task on a local store does between two writes of it, which bounds
+/// what a restart on the store does to the outputs ([`RecoveryPlan::local`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreWrites {
+    /// The most items the task processes past its last store write: the
+    /// service writes the store after every poll batch, and a task whose
+    /// write is held takes no more input.
+    pub max_unwritten_items: u64,
+    /// γ at no failure, the largest any policy gives: the most outputs
+    /// unacknowledged when the store was written.
+    pub largest_gamma: u64,
+}
+
 impl RecoveryPlan {
     /// A restart on the task's own durable local store, which is exact at
     /// the checkpoint's offset and is known to hold every key any backup in
     /// the changelog wrote (the last marker is its own: `last_marker.writer`
-    /// is the store's identity). The state error is zero. Outputs of items
-    /// before that offset that were not acknowledged at the crash may be
-    /// lost: at most γ, and `largest_gamma` (γ at no failure, the largest any
-    /// policy gives) bounds it. A restart after a clean stop at the store's
-    /// offset is no failure. Sequences continue above the checkpoint's, so a
-    /// record the crashed run left past the last marker is never taken for
-    /// one of the new run's.
-    pub fn local(checkpoint: &StoreCheckpoint, last_marker: Option<&BackupMarker>, largest_gamma: u64) -> Self {
+    /// is the store's identity). The state error is zero. The store is
+    /// written after the outputs of the items it includes are sent, not
+    /// after they are acknowledged, so two things happen to the outputs:
+    ///
+    /// * the items processed past the store's last write are replayed and
+    ///   their outputs, which may have landed, sent again: at most
+    ///   `max_unwritten_items`·β repeated;
+    /// * the outputs of items before the store's offset that were not
+    ///   acknowledged at the crash may be lost: at most γ, and
+    ///   `largest_gamma` bounds it.
+    ///
+    /// A restart after a clean stop at the store's offset is no failure.
+    /// Sequences continue above the checkpoint's, so a record the crashed
+    /// run left past the last marker is never taken for one of the new
+    /// run's.
+    pub fn local(
+        checkpoint: &StoreCheckpoint,
+        last_marker: Option<&BackupMarker>,
+        writes: StoreWrites,
+        constants: AnalysisConstants,
+    ) -> Self {
         let store_offset = checkpoint.next_offset;
         let clean = last_marker.is_some_and(|m| m.clean && m.input_offset == store_offset);
         let (failures, recent) = match last_marker {
@@ -645,7 +671,8 @@ impl RecoveryPlan {
             counted_failure: true,
             introduced: ErrorBound {
                 state: 0.0,
-                outputs: largest_gamma as f64,
+                outputs: writes.max_unwritten_items.saturating_mul(constants.beta) as f64,
+                lost_outputs: writes.largest_gamma as f64,
             },
             source: ResumeSource::LocalStore,
             recent,

@@ -117,15 +117,20 @@ impl TaskThresholds {
         ErrorBound {
             state: self.theta,
             outputs: self.max_uncovered.saturating_mul(constants.beta) as f64,
+            lost_outputs: 0.0,
         }
     }
 }
 
-/// A worst-case error: divergence of the state, and repeated outputs.
+/// A worst-case error: divergence of the state, repeated outputs, and lost
+/// outputs (only a restart on a local store loses any:
+/// [`crate::recovery::RecoveryPlan::local`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ErrorBound {
     pub state: f64,
     pub outputs: f64,
+    #[serde(default)]
+    pub lost_outputs: f64,
 }
 
 impl std::ops::Add for ErrorBound {
@@ -134,6 +139,7 @@ impl std::ops::Add for ErrorBound {
         ErrorBound {
             state: self.state + other.state,
             outputs: self.outputs + other.outputs,
+            lost_outputs: self.lost_outputs + other.lost_outputs,
         }
     }
 }
@@ -322,6 +328,7 @@ impl ThresholdPolicy {
         ErrorBound {
             state: self.split_theta(),
             outputs: self.split_items() * constants.beta as f64,
+            lost_outputs: 0.0,
         }
     }
 }

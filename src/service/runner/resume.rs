@@ -23,7 +23,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::core::{BackupMarker, ControllerConfig, Mode, RecoveryPlan};
+use crate::core::{BackupMarker, ControllerConfig, Mode, RecoveryPlan, StoreWrites};
 use crate::service::codec::ServiceOperator;
 use crate::service::config::Config;
 use crate::service::kafka::ChangelogLoader;
@@ -31,7 +31,7 @@ use crate::service::store::{StoreBudget, StoreMeta, TaskStore};
 use crate::service::ServiceError;
 
 use super::restore::PlanInputs;
-use super::Assigned;
+use super::{Assigned, POLL_BATCH};
 
 /// The longest a newly assigned partition waits for its previous owner to
 /// stop writing its changelog (see `ChangelogLoader::settled_markers`).
@@ -172,8 +172,11 @@ impl ResumePlanner {
         let store = match opened {
             Some(OpenedStore::Usable { store, meta }) => {
                 let marker = marker.filter(|_| self.controller.mode != Mode::None);
-                let gamma = self.controller.policy.for_failures(0).max_unacked;
-                let plan = RecoveryPlan::local(&meta.checkpoint, marker.as_ref(), gamma);
+                let writes = StoreWrites {
+                    max_unwritten_items: POLL_BATCH as u64,
+                    largest_gamma: self.controller.policy.for_failures(0).max_unacked,
+                };
+                let plan = RecoveryPlan::local(&meta.checkpoint, marker.as_ref(), writes, self.controller.constants);
                 return Ok(assignment.decided(plan, Some((store, meta)), None));
             }
             Some(OpenedStore::Fresh(store)) => Some((store, TaskStore::new_meta(0))),

@@ -143,9 +143,13 @@ impl<O: ServiceOperator> Task<O> {
             &mut value,
             RawRecords::NONE,
         );
-        #[allow(unused_mut)]
         let mut driver =
             TaskDriver::start(controller, operator, &plan, rolled_back, now_ms, &mut io).map_err(restore_error)?;
+        if assigned.store.is_some() {
+            // A store is written after every poll batch; while a write is
+            // held, input waits, so a restart on it repeats one batch at most.
+            driver.write_store_every(POLL_BATCH as u64);
+        }
         #[cfg(feature = "fault-injection")]
         if std::env::var_os(FAULT_SKIP_BACKUPS).is_some() {
             // Test builds only: backups write nothing while the bounds are still
@@ -175,6 +179,7 @@ impl<O: ServiceOperator> Task<O> {
                 restore_seconds,
                 bound_state = plan.introduced.state,
                 bound_outputs = plan.introduced.outputs,
+                bound_lost_outputs = plan.introduced.lost_outputs,
                 theta = thresholds.theta,
                 max_uncovered = thresholds.max_uncovered,
                 max_unacked = thresholds.max_unacked,

@@ -36,9 +36,14 @@ pub(crate) struct SimBroker<Out> {
     pub(super) zombie_writes: bool,
     /// The current run has landed a record.
     pub(super) run_landed: bool,
-    /// With zombies: how much of `log` compaction may touch (what landed
-    /// before the last recovery).
+    /// With zombies: how much of `log` compaction may touch: what landed
+    /// before the last recovery whose run got its start marker into the log
+    /// (that run rewrote every key a late write superseded, see
+    /// [`crate::fence`]; `min.compaction.lag.ms` spares the rest).
     pub(super) compactable: usize,
+    /// Where `log` ended at the last crash: compactable once the run after
+    /// it has written its start marker.
+    pub(super) compactable_once_started: usize,
     /// Changelog writes in flight, in the producer's order.
     pub(crate) writes: VecDeque<Due<Write>>,
     pub(crate) outputs: Vec<Due<(u64, Out)>>,
@@ -74,6 +79,7 @@ impl<Out> SimBroker<Out> {
             zombie_writes: options.zombie_writes,
             run_landed: false,
             compactable: 0,
+            compactable_once_started: 0,
             writes: VecDeque::new(),
             outputs: Vec::new(),
             committed: None,
@@ -326,7 +332,7 @@ impl<Out> SimBroker<Out> {
 
     /// Compaction as Kafka does it, at a random point: the latest record per key
     /// survives, in log order; deletions may survive a while or go.
-    /// With zombies, only what landed before the last recovery is compacted.
+    /// With zombies, only what is `compactable` is compacted.
     pub(crate) fn compact(&mut self) {
         let drop_tombstones = self.rng.gen_bool(0.5);
         let end = if self.zombie_writes {
@@ -343,6 +349,10 @@ impl<Out> SimBroker<Out> {
             }
         }
         kept.reverse();
+        // What compaction removed lay before both marks.
+        let removed = end - kept.len();
+        self.compactable = self.compactable.saturating_sub(removed);
+        self.compactable_once_started = self.compactable_once_started.saturating_sub(removed);
         kept.extend(recent);
         self.log = kept;
     }

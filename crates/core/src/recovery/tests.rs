@@ -10,7 +10,13 @@ fn a_local_restart_is_exact_and_counts_as_a_failure_unless_clean() {
         next_offset,
         ..StoreCheckpoint::default()
     };
-    let crashed = RecoveryPlan::local(&at(1500), Some(&marker(false)), 64);
+    let writes = StoreWrites {
+        max_unwritten_items: 500,
+        largest_gamma: 64,
+    };
+    let beta = AnalysisConstants { alpha: 1.0, beta: 3 };
+    let local = |at: &StoreCheckpoint, marker: Option<&BackupMarker>| RecoveryPlan::local(at, marker, writes, beta);
+    let crashed = local(&at(1500), Some(&marker(false)));
     assert_eq!(crashed.resume_offset, 1500);
     assert_eq!(crashed.failures, 3);
     assert!(crashed.counted_failure);
@@ -18,28 +24,30 @@ fn a_local_restart_is_exact_and_counts_as_a_failure_unless_clean() {
         crashed.introduced,
         ErrorBound {
             state: 0.0,
-            outputs: 64.0
-        }
+            outputs: 1500.0,
+            lost_outputs: 64.0,
+        },
+        "the unwritten items' outputs repeated (500 items, 3 each), γ lost"
     );
     assert_eq!(crashed.source, ResumeSource::LocalStore);
     assert_eq!(crashed.recent.as_slice(), &[1500]);
-    let stopped = RecoveryPlan::local(&at(1000), Some(&marker(true)), 64);
+    let stopped = local(&at(1000), Some(&marker(true)));
     assert!(!stopped.counted_failure);
     assert_eq!(stopped.failures, 2);
     assert_eq!(stopped.introduced, ErrorBound::default());
-    let moved_on = RecoveryPlan::local(&at(1200), Some(&marker(true)), 64);
+    let moved_on = local(&at(1200), Some(&marker(true)));
     assert!(
         moved_on.counted_failure,
         "items after the clean stop were processed, then a crash"
     );
-    assert_eq!(RecoveryPlan::local(&at(0), None, 64).failures, 1);
+    assert_eq!(local(&at(0), None).failures, 1);
     let checkpoint = StoreCheckpoint {
         next_offset: 5,
         next_seq: 40,
         sources: marker(false).sources,
         priors: CrashPriors::default(),
     };
-    let plan = RecoveryPlan::local(&checkpoint, Some(&marker(false)), 64);
+    let plan = local(&checkpoint, Some(&marker(false)));
     assert_eq!(
         plan.sources, checkpoint.sources,
         "a local restart resumes with the store's positions"
