@@ -18,7 +18,8 @@
 //!
 //! `cargo bench --bench latency`; AFSTREAM_BENCH_ITEMS (default 1 000 000),
 //! AFSTREAM_BENCH_ROUNDS (default 5), AFSTREAM_BENCH_RTT_US (comma-separated
-//! round trips in µs, default 500,2000).
+//! round trips in µs, default 500,2000), AFSTREAM_BENCH_WORKLOADS
+//! (comma-separated names as printed, default all).
 
 use std::collections::VecDeque;
 use std::hint::black_box;
@@ -212,6 +213,12 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 fn workload<O: Operator>(workload: &str, build: impl Fn() -> O, items: &[O::Input], thresholds: (f64, u64, u64)) {
+    let chosen = std::env::var("AFSTREAM_BENCH_WORKLOADS")
+        .map(|names| names.split(',').any(|name| name.trim() == workload))
+        .unwrap_or(true);
+    if !chosen {
+        return;
+    }
     let (theta, l, gamma) = thresholds;
     let name = format!("{workload} (Θ = {theta}, L = {l}, Γ = {gamma})");
     let rounds = env_number("AFSTREAM_BENCH_ROUNDS", 5).max(1);

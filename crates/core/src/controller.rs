@@ -536,12 +536,13 @@ impl TaskController {
                 // The common case, kept to two comparisons: nothing due.
                 if divergence > self.thresholds.theta {
                     self.trigger(BackupScope::Drifted, actions);
-                } else if self.processed.items - self.last_issued.items >= self.lead {
+                } else if self.deferred.is_none() && self.processed.items - self.last_issued.items >= self.lead {
                     // Within θ only the marker must move: the drift stays
                     // unwritten (see `BackupScope::Owed`). Issued when the run
                     // of input ends, so it covers the whole run (see
-                    // `run_ended`).
-                    self.defer(BackupScope::Owed);
+                    // `run_ended`). Any backup deferred already writes at
+                    // least that much.
+                    self.deferred = Some(BackupScope::Owed);
                 }
             }
             Mode::Exact(interval) => {

@@ -103,7 +103,12 @@ impl TaskController {
 
     /// The outputs of the item at `offset` were acknowledged (`count` of them).
     pub fn outputs_acknowledged(&mut self, offset: u64, count: u64, actions: &mut Vec<Action>) {
-        let index = self.outputs.partition_point(|o| o.before.offset < offset);
+        // Acknowledgements come in the order sent, nearly always for the
+        // oldest item in flight: look there before searching.
+        let index = match self.outputs.front() {
+            Some(oldest) if oldest.before.offset == offset => 0,
+            _ => self.outputs.partition_point(|o| o.before.offset < offset),
+        };
         let Some(item) = self.outputs.get_mut(index).filter(|o| o.before.offset == offset) else {
             return;
         };
