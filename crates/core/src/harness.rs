@@ -424,48 +424,7 @@ where
             self.driver.write_store_every(self.options.max_batch as u64);
         }
 
-        let lost_before: Vec<u64> = lost_outputs
-            .into_iter()
-            .filter(|offset| *offset < plan.resume_offset)
-            .collect();
-        let lost_count = lost_before.len() as u64;
-        if plan.source == ResumeSource::LocalStore {
-            // The store is exact at its offset, written whatever outputs were
-            // unacknowledged: at most γ, and γ never exceeds Γ/2.
-            let bound = self.config.policy.global.max_unacked.div_ceil(2);
-            if lost_count > bound {
-                self.report.violations.push(Violation::LostOutputs {
-                    crash,
-                    lost: lost_count,
-                    bound,
-                });
-            }
-        } else {
-            for item_offset in lost_before {
-                self.report
-                    .violations
-                    .push(Violation::LostOutput { crash, item_offset });
-            }
-        }
-        let repeated = self
-            .broker
-            .sink
-            .iter()
-            .filter(|(offset, _)| *offset >= plan.resume_offset && *offset < processed.offset)
-            .count() as u64;
-        if self.config.mode == Mode::Approximate {
-            self.check_repeats(crash, &plan, processed.offset, repeated);
-        }
-        if plan.source == ResumeSource::LocalStore
-            && (repeated as f64 > plan.introduced.outputs || lost_count as f64 > plan.introduced.lost_outputs)
-        {
-            self.report.violations.push(Violation::OutputsUnderReported {
-                crash,
-                repeated,
-                lost: lost_count,
-                claimed: plan.introduced,
-            });
-        }
+        self.check_outputs(crash, &plan, processed.offset, lost_outputs);
         // Outputs of items that will be replayed are made again: set them aside,
         // so the sink compares with a failure-free run (they stay delivered).
         let (kept, replayed): (Vec<_>, Vec<_>) = std::mem::take(&mut self.broker.sink)
@@ -502,6 +461,55 @@ where
             progressed: true,
         });
         Ok(())
+    }
+
+    /// What the crash did to the outputs: none lost before the recovery point
+    /// (at most γ on a restart on the local store), repeats within
+    /// [`Self::check_repeats`], and, on a restart on the store, no more of
+    /// either than the recovery's own bound claims.
+    fn check_outputs(&mut self, crash: usize, plan: &RecoveryPlan, crash_offset: u64, lost_outputs: Vec<u64>) {
+        let lost_before: Vec<u64> = lost_outputs
+            .into_iter()
+            .filter(|offset| *offset < plan.resume_offset)
+            .collect();
+        let lost_count = lost_before.len() as u64;
+        if plan.source == ResumeSource::LocalStore {
+            // The store is exact at its offset, written whatever outputs were
+            // unacknowledged: at most γ, and γ never exceeds Γ/2.
+            let bound = self.config.policy.global.max_unacked.div_ceil(2);
+            if lost_count > bound {
+                self.report.violations.push(Violation::LostOutputs {
+                    crash,
+                    lost: lost_count,
+                    bound,
+                });
+            }
+        } else {
+            for item_offset in lost_before {
+                self.report
+                    .violations
+                    .push(Violation::LostOutput { crash, item_offset });
+            }
+        }
+        let repeated = self
+            .broker
+            .sink
+            .iter()
+            .filter(|(offset, _)| *offset >= plan.resume_offset && *offset < crash_offset)
+            .count() as u64;
+        if self.config.mode == Mode::Approximate {
+            self.check_repeats(crash, plan, crash_offset, repeated);
+        }
+        if plan.source == ResumeSource::LocalStore
+            && (repeated as f64 > plan.introduced.outputs || lost_count as f64 > plan.introduced.lost_outputs)
+        {
+            self.report.violations.push(Violation::OutputsUnderReported {
+                crash,
+                repeated,
+                lost: lost_count,
+                claimed: plan.introduced,
+            });
+        }
     }
 
     /// At most β outputs of each replayed item repeat; on a restart on the
