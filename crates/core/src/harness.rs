@@ -288,10 +288,7 @@ where
         let local = matches!(build, Build::OnStore(_)).then(|| LocalStore::fresh(1));
         let (operator, config) = build_operator(build, local.as_ref(), config);
         let (mut driver, _) = TaskDriver::recover(config, operator, &empty, None, 0, 0, &mut broker)?;
-        set_driver_faults(&mut driver, options.driver_faults);
-        if local.is_some() {
-            driver.write_store_every(options.max_batch as u64);
-        }
+        prepare_driver(&mut driver, &options, local.is_some());
         Ok(SimulatedTask {
             config,
             build,
@@ -418,11 +415,7 @@ where
         } else {
             self.recover_from_changelog(crash, &changelog)?
         };
-        set_driver_faults(&mut self.driver, self.options.driver_faults);
-        if self.local.is_some() {
-            // The service writes its store after every poll batch.
-            self.driver.write_store_every(self.options.max_batch as u64);
-        }
+        prepare_driver(&mut self.driver, &self.options, self.local.is_some());
 
         self.check_outputs(crash, &plan, processed.offset, lost_outputs);
         // Outputs of items that will be replayed are made again: set them aside,
@@ -766,6 +759,15 @@ fn first_difference(expected: &[BackupEntry], restored: &[BackupEntry]) -> Optio
         }
     }
     restored.next().map(|r| r.key.to_vec())
+}
+
+/// A new run's driver: the options' faults, and with a local store the
+/// service's write after every poll batch.
+fn prepare_driver<O: Operator>(driver: &mut TaskDriver<O>, options: &SimulationOptions, keeps_store: bool) {
+    set_driver_faults(driver, options.driver_faults);
+    if keeps_store {
+        driver.write_store_every(options.max_batch as u64);
+    }
 }
 
 #[cfg(feature = "fault-injection")]
