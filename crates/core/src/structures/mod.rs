@@ -30,8 +30,9 @@ pub use vector::TrackedVector;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BackupScope {
     /// What the divergence counts: for a max-difference state only the entries over
-    /// θ, otherwise every entry changed since it was last backed up. This is the
-    /// approximate mode's backup.
+    /// θ/2, for L1 and L2 with θ set the largest drifts until the divergence left
+    /// is within θ/2, otherwise every entry changed since it was last backed up.
+    /// This is the approximate mode's backup.
     Drifted,
     /// Every entry that differs from the backup, so that the backup equals the state
     /// once acknowledged: exact mode, clean stops and rebalances.

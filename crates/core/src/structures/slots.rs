@@ -25,11 +25,25 @@ const CHANGED: u8 = 16; // store-backed: changed since it was last staged for th
 const PINNED: u8 = 32; // store-backed, transient: held by a backup in flight
 const FREE: u8 = 64; // store-backed: evicted; the index waits for reuse
 
-/// Max difference: a backup writes every slot whose drift exceeds this share of
-/// θ, not only those over θ. Left at just under θ, drifts would pile up there and
-/// every later item would push one slot over and trigger a backup of it alone;
-/// with half of θ written, a slot must drift θ/2 again before the next.
+/// How far a drifted backup takes the divergence. Max difference: a backup
+/// writes every slot whose drift exceeds this share of θ, not only those over θ.
+/// Left at just under θ, drifts would pile up there and every later item would
+/// push one slot over and trigger a backup of it alone; with half of θ written,
+/// a slot must drift θ/2 again before the next. L1 and L2: a backup writes the
+/// largest drifts until the divergence left is within this share of θ, so the
+/// next one is θ/2 of drift away; the state a marker logs is within θ of the
+/// live one all the same, since a backup goes out whenever it passes θ.
 const WRITE_FRACTION: f64 = 0.5;
+
+/// Drift classes for ranking a backup's candidates: binary orders of magnitude
+/// from 2^-64 up, the smaller in the first, the larger in the last.
+const DRIFT_CLASSES: usize = 128;
+
+/// The class of a drift's norm term: its binary exponent, clamped to the classes.
+fn drift_class(term: f64) -> usize {
+    let exponent = ((term.to_bits() >> 52) & 0x7ff) as i64 - 1023;
+    (exponent + 64).clamp(0, DRIFT_CLASSES as i64 - 1) as usize
+}
 
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Slot {
@@ -396,6 +410,9 @@ impl DriftSlots {
                 // Every slot that differs is written: none drifts once rebased.
                 self.running_max = 0.0;
             }
+            (Norm::L1 | Norm::L2, BackupScope::Drifted) if self.theta.is_finite() && !self.pressure => {
+                self.take_heaviest(&mut indices);
+            }
             _ => {
                 // Owed slots are dirty too, unless an owed-only backup wrote
                 // them since; those are written here once.
@@ -434,6 +451,81 @@ impl DriftSlots {
         }
         self.pending.push_back(Pending { seq, values });
         self.pending.back().map(|p| p.values.as_slice()).unwrap_or_default()
+    }
+
+    /// L1 and L2 with θ set: the owed slots, then the dirty slots of largest
+    /// drift until what stays unwritten is within θ·WRITE_FRACTION (see
+    /// `sum_within`); the rest stay dirty. A skewed stream's few hot keys carry
+    /// most of the drift, so this writes far fewer records than every change.
+    /// Drifts are ranked by binary order of magnitude (`drift_class`), not
+    /// sorted: two passes over the dirty list, and each record written removes
+    /// at least half as much drift as the best choice would.
+    fn take_heaviest(&mut self, indices: &mut Vec<u32>) {
+        let mut remaining = self.sum;
+        let owed = std::mem::take(&mut self.owed);
+        for &index in &owed {
+            self.flags[index as usize] &= !(OWED | DIRTY);
+            remaining -= self.norm_term(index);
+            indices.push(index);
+        }
+        self.owed = owed;
+        self.owed.clear();
+        let target = self.sum_within(self.write_threshold());
+        let mut class_sums = [0.0f64; DRIFT_CLASSES];
+        for &index in &self.dirty {
+            if self.has(index, DIRTY) {
+                let term = self.norm_term(index);
+                class_sums[drift_class(term)] += term;
+            }
+        }
+        // Whole classes from the largest down; `cutoff` is the class taken in
+        // part, in list order. A sum that is not finite takes everything.
+        let mut cutoff = 0;
+        if remaining.is_finite() {
+            for class in (0..DRIFT_CLASSES).rev() {
+                if remaining - class_sums[class] <= target {
+                    cutoff = class;
+                    break;
+                }
+                remaining -= class_sums[class];
+            }
+        }
+        for position in 0..self.dirty.len() {
+            let index = self.dirty[position];
+            if !self.has(index, DIRTY) {
+                continue;
+            }
+            let term = self.norm_term(index);
+            let class = drift_class(term);
+            let take = class > cutoff || (class == cutoff && remaining > target) || !remaining.is_finite();
+            if take {
+                if class == cutoff {
+                    remaining -= term;
+                }
+                self.flags[index as usize] &= !DIRTY;
+                indices.push(index);
+            }
+        }
+        let flags = &self.flags;
+        self.dirty.retain(|&index| flags[index as usize] & DIRTY != 0);
+    }
+
+    /// The slot's term of the running sum (|d| for L1, d² for L2).
+    fn norm_term(&self, index: u32) -> f64 {
+        let slot = self.slots[index as usize];
+        let drift = slot.live - slot.backed;
+        match self.norm {
+            Norm::L2 => drift * drift,
+            _ => drift.abs(),
+        }
+    }
+
+    /// The running sum at which the divergence is `divergence`.
+    fn sum_within(&self, divergence: f64) -> f64 {
+        match self.norm {
+            Norm::L2 => divergence * divergence,
+            _ => divergence,
+        }
     }
 
     /// Adds the owed slots that `indices` does not hold yet, and clears the

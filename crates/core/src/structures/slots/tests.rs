@@ -283,3 +283,53 @@ fn a_value_that_is_not_a_number_makes_the_divergence_infinite_not_zero() {
         assert_eq!(slots.divergence(), f64::INFINITY, "{norm:?}");
     }
 }
+
+#[test]
+fn a_drifted_l1_backup_writes_the_largest_drifts_until_half_of_theta_is_left() {
+    let mut slots = DriftSlots::new(Norm::L1, 5);
+    slots.set_theta(10.0);
+    for (index, drift) in [(0, 1.0), (1, 6.0), (2, 2.0), (3, -4.0), (4, 1.0)] {
+        slots.set(index, drift);
+    }
+    // 14 of drift; writing 6 and then 4 leaves 4, within θ/2 = 5.
+    assert_eq!(indices(slots.backup(1, BackupScope::Drifted)), vec![1, 3]);
+    assert_eq!(slots.divergence(), 4.0);
+    // The slots left behind stay dirty: a complete backup writes them.
+    assert_eq!(indices(slots.backup(2, BackupScope::Complete)), vec![0, 2, 4]);
+    assert_eq!(slots.divergence(), 0.0);
+}
+
+#[test]
+fn a_drifted_l2_backup_leaves_at_most_half_of_theta_and_owed_slots_go_first() {
+    let mut slots = DriftSlots::new(Norm::L2, 4);
+    slots.set_theta(4.0);
+    slots.set(0, 1.0);
+    assert_eq!(indices(slots.backup(1, BackupScope::Complete)), vec![0]);
+    slots.fail(1);
+    for (index, drift) in [(1, 3.0), (2, 1.0), (3, 1.5)] {
+        slots.set(index, drift);
+    }
+    // √(9 + 1 + 2.25) = 3.5: writing 3 leaves √3.25 ≈ 1.8, within θ/2 = 2; the
+    // slot a failed write owes goes out whatever its drift.
+    assert_eq!(indices(slots.backup(2, BackupScope::Drifted)), vec![0, 1]);
+    assert!((slots.divergence() - 3.25f64.sqrt()).abs() < 1e-12);
+}
+
+#[test]
+fn without_theta_or_under_memory_pressure_a_drifted_l1_backup_writes_every_drift() {
+    let mut slots = DriftSlots::new(Norm::L1, 3);
+    for index in 0..3 {
+        slots.set(index, 1.0 + f64::from(index));
+    }
+    assert_eq!(indices(slots.backup(1, BackupScope::Drifted)), vec![0, 1, 2], "θ unset");
+    slots.set_theta(100.0);
+    slots.set_pressure(true);
+    for index in 0..3 {
+        slots.add(index, 1.0);
+    }
+    assert_eq!(
+        indices(slots.backup(2, BackupScope::Drifted)),
+        vec![0, 1, 2],
+        "pressure"
+    );
+}
