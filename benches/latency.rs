@@ -13,8 +13,13 @@
 //! partitions, the tasks served round robin by one thread, as a consumer
 //! thread serves its partitions): mode `none`, `approximate`, and
 //! `approximate` while the outputs linger 1 ms before their round trip (as the
-//! service's outputs do where markers wait for them), side by side in one run
-//! for each round trip; medians of the rounds, each ratio to `none`.
+//! service's outputs do where markers wait for them), and an every-change
+//! changelog (approximate with Θ at the smallest positive number, as `cargo
+//! bench --bench kafka` runs it: every changed entry is written, coalesced
+//! while a backup is open), side by side in one run for each round trip;
+//! medians of the rounds, each ratio to `none`, and the changelog records
+//! (entries and markers) per item, with approximate's records over the
+//! every-change changelog's.
 //!
 //! `cargo bench --bench latency`; AFSTREAM_BENCH_ITEMS (default 1 000 000),
 //! AFSTREAM_BENCH_ROUNDS (default 5), AFSTREAM_BENCH_RTT_US (comma-separated
@@ -42,6 +47,8 @@ struct DelayedIo {
     output_linger: Duration,
     changelog: VecDeque<(Instant, Ack)>,
     outputs: VecDeque<(Instant, Ack)>,
+    /// Changelog records written: backup entries and markers.
+    records: u64,
 }
 
 impl DelayedIo {
@@ -63,12 +70,14 @@ impl<Out> TaskIo<Out> for DelayedIo {
     }
 
     fn write_backup(&mut self, seq: u64, records: &BackupBatch) {
+        self.records += records.len() as u64;
         black_box(records);
         let at = Instant::now() + self.round_trip;
         self.changelog.push_back((at, Ack::BackupWritten(seq)));
     }
 
     fn write_marker(&mut self, marker: &BackupMarker) {
+        self.records += 1;
         black_box(marker.to_entry());
         let at = Instant::now() + self.round_trip;
         self.changelog.push_back((at, Ack::MarkerWritten(marker.seq)));
@@ -131,9 +140,19 @@ struct Case {
     label: &'static str,
     mode: Mode,
     output_linger: Duration,
+    /// Θ instead of the config's.
+    theta: Option<f64>,
 }
 
-/// How long `tasks` tasks take to process every item between them.
+/// What one run of a case measured.
+struct Run {
+    took: Duration,
+    /// Changelog records written by every task.
+    records: u64,
+}
+
+/// How long `tasks` tasks take to process every item between them, and what
+/// they wrote to the changelog.
 fn run_case<O: Operator>(
     build: &dyn Fn() -> O,
     items: &[O::Input],
@@ -141,8 +160,9 @@ fn run_case<O: Operator>(
     tasks: usize,
     thresholds: (f64, u64, u64),
     round_trip: Duration,
-) -> Duration {
+) -> Run {
     let (theta, l, gamma) = thresholds;
+    let theta = case.theta.unwrap_or(theta);
     let global = GlobalThresholds::new(theta, l, gamma).expect("valid thresholds");
     let constants = build().constants();
     let additive = build().norm().is_additive();
@@ -163,6 +183,7 @@ fn run_case<O: Operator>(
                 output_linger: case.output_linger,
                 changelog: VecDeque::new(),
                 outputs: VecDeque::new(),
+                records: 0,
             };
             let (driver, _) = TaskDriver::recover(config, build(), &empty, None, 0, 0, &mut io).expect("start");
             Task {
@@ -190,7 +211,10 @@ fn run_case<O: Operator>(
             }
         }
     }
-    started.elapsed()
+    Run {
+        took: started.elapsed(),
+        records: running.iter().map(|task| task.io.records).sum(),
+    }
 }
 
 /// Θ, L and Γ of a shipped config.
@@ -231,35 +255,54 @@ fn workload<O: Operator>(workload: &str, build: impl Fn() -> O, items: &[O::Inpu
             label: "none",
             mode: Mode::None,
             output_linger: Duration::ZERO,
+            theta: None,
         },
         Case {
             label: "approximate",
             mode: Mode::Approximate,
             output_linger: Duration::ZERO,
+            theta: None,
         },
         Case {
             label: "approximate, outputs lingering 1 ms",
             mode: Mode::Approximate,
             output_linger: Duration::from_millis(1),
+            theta: None,
+        },
+        Case {
+            label: "every-change changelog",
+            mode: Mode::Approximate,
+            output_linger: Duration::ZERO,
+            theta: Some(f64::MIN_POSITIVE),
         },
     ];
+    const APPROXIMATE: usize = 1;
+    const EVERY_CHANGE: usize = 3;
     for &rtt_us in &round_trips {
         let round_trip = Duration::from_micros(rtt_us);
         for tasks in [1, 4] {
             let mut rates: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+            let mut records: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
             for _ in 0..rounds {
                 for (index, &case) in cases.iter().enumerate() {
-                    let took = run_case(&build, items, case, tasks, thresholds, round_trip);
-                    rates[index].push(items.len() as f64 / took.as_secs_f64());
+                    let run = run_case(&build, items, case, tasks, thresholds, round_trip);
+                    rates[index].push(items.len() as f64 / run.took.as_secs_f64());
+                    records[index].push(run.records as f64 / items.len() as f64);
                 }
             }
             let none = median(rates[0].clone());
+            let per_item: Vec<f64> = records.into_iter().map(median).collect();
             for (index, case) in cases.iter().enumerate() {
                 let rate = median(rates[index].clone());
+                let versus = match index {
+                    APPROXIMATE => format!("{:.3}", per_item[APPROXIMATE] / per_item[EVERY_CHANGE]),
+                    _ => String::new(),
+                };
                 println!(
-                    "| {name} | {rtt_us} | {tasks} | {} | {rate:.0} | {:.3} |",
+                    "| {name} | {rtt_us} | {tasks} | {} | {rate:.0} | {:.3} | {:.4} | {versus} |",
                     case.label,
-                    rate / none
+                    rate / none,
+                    per_item[index]
                 );
             }
         }
@@ -268,8 +311,10 @@ fn workload<O: Operator>(workload: &str, build: impl Fn() -> O, items: &[O::Inpu
 
 fn main() {
     let count = env_number("AFSTREAM_BENCH_ITEMS", 1_000_000);
-    println!("| workload | round trip (µs) | tasks | case | items/s | / none |");
-    println!("| --- | --- | --- | --- | --- | --- |");
+    println!(
+        "| workload | round trip (µs) | tasks | case | items/s | / none | changelog records per item | / every-change |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     let packets = workloads::zipf_flows(count, 100_000, 1.1, 1);
     workload(
         "heavy hitters",
