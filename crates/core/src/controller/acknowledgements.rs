@@ -115,9 +115,16 @@ impl TaskController {
         let count = count.min(item.remaining);
         item.remaining -= count;
         self.unacked_outputs -= count;
+        let mut settled = false;
         while self.outputs.front().is_some_and(|o| o.remaining == 0) {
             self.outputs.pop_front();
+            settled = true;
         }
-        self.advance(actions);
+        // Until the oldest item's outputs are all acknowledged no marker can go
+        // out and a stop cannot finish (its last output is still unacknowledged):
+        // an item of many outputs advances once, not once per output.
+        if settled {
+            self.advance(actions);
+        }
     }
 }
