@@ -151,6 +151,13 @@ fn run(broker: &Broker, input: &str, consistency: Consistency, kills: bool) -> R
         workers.wait_until(RUN_DEADLINE, &format!("{label}: two thirds of the models"), || {
             broker.record_count(&models) >= (WORKERS as u64 * last * 2 / 3) as i64
         });
+        // The averager must have taken input (so its start marker is in its
+        // changelog) before the kill, or its restart is a fresh start and
+        // recovers nothing: the workers may get this far before it has its
+        // partition.
+        average.wait_until(RUN_DEADLINE, &format!("{label}: a first global model"), || {
+            !global_models(broker, &group).is_empty()
+        });
         average.kill();
         average = Service::start_pipeline(&config, &average_log, "average");
     }

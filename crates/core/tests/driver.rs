@@ -9,8 +9,9 @@ use afstream_core::operators::{
     Consistency, DistributedSgdConfig, GlobalModel, LabeledVector, SgdWorker, WordCount, WordCountConfig,
 };
 use afstream_core::{
-    Ack, AnalysisConstants, BackupBatch, BackupMarker, ControllerConfig, FailurePolicy, GlobalThresholds, Item, Mode,
-    Operator, Placement, RecoveryPlan, Rejected, SourcePosition, TaskDriver, TaskIo, ThresholdPolicy,
+    Ack, AnalysisConstants, BackupBatch, BackupMarker, Blocked, ControllerConfig, FailurePolicy, GlobalThresholds,
+    Item, Mode, Operator, Placement, RecoveryPlan, Rejected, SourcePosition, StoreCheckpoint, TaskDriver, TaskIo,
+    ThresholdPolicy,
 };
 
 /// Records what the driver asks for; every refused record gets one dead letter.
@@ -136,6 +137,25 @@ fn refused_records_are_read_and_their_dead_letters_hold_back_the_marker() {
         Some(5),
         "the marker past offset 3 follows its dead letter"
     );
+}
+
+#[test]
+fn refused_records_count_towards_the_items_past_the_stores_last_write() {
+    let mut io = Recorder::default();
+    let mut driver = word_count_driver(&mut io, 1_000, 1_000);
+    driver.write_store_every(3);
+    let line = "a".to_string();
+    assert_eq!(driver.process([(0, &line)], 0, &mut io).expect("processed"), 1);
+    assert!(driver.refuse(1, &Rejected("not UTF-8 text".into()), 0, &mut io));
+    assert!(driver.refuse(2, &Rejected("not UTF-8 text".into()), 0, &mut io));
+    // A restart on the store replays what is past its last write: one item and
+    // two refused records fill the limit of three.
+    assert_eq!(driver.readiness(), Err(Blocked::StoreWrite));
+    assert!(!driver.refuse(3, &Rejected("not UTF-8 text".into()), 0, &mut io));
+    assert_eq!(driver.process([(3, &line)], 0, &mut io).expect("processed"), 0);
+    driver.checkpoint(&mut StoreCheckpoint::default());
+    assert_eq!(driver.readiness(), Ok(()), "the store's write lets input go on");
+    assert!(driver.refuse(3, &Rejected("not UTF-8 text".into()), 0, &mut io));
 }
 
 #[test]
