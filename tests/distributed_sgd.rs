@@ -173,6 +173,11 @@ fn run(broker: &Broker, input: &str, consistency: Consistency, kills: bool) -> R
         workers.wait_until(RUN_DEADLINE, &format!("{label}: the workers' recoveries"), || {
             log_lines(&workers_log, "recovered from a failure").len() >= WORKERS
         });
+        // Likewise the averager, which may have published the last global
+        // model before its kill.
+        average.wait_until(RUN_DEADLINE, &format!("{label}: the averager's recovery"), || {
+            !log_lines(&average_log, "recovered from a failure").is_empty()
+        });
     }
     assert!(
         workers.terminate(RUN_DEADLINE).success(),
