@@ -333,3 +333,44 @@ fn without_theta_or_under_memory_pressure_a_drifted_l1_backup_writes_every_drift
         "pressure"
     );
 }
+
+#[test]
+fn a_drifted_l1_backup_takes_whole_classes_then_part_of_the_last_in_list_order() {
+    let mut slots = DriftSlots::new(Norm::L1, 5);
+    slots.set_theta(10.0);
+    for (index, drift) in [(0, 16.0), (1, 4.0), (2, 4.0), (3, 4.0), (4, 1.0)] {
+        slots.set(index, drift);
+    }
+    // 29 of drift: 16 goes whole, then fours until 5 = θ/2 is left exactly.
+    assert_eq!(indices(slots.backup(1, BackupScope::Drifted)), vec![0, 1, 2]);
+    assert_eq!(slots.divergence(), 5.0);
+}
+
+#[test]
+fn a_drift_a_thousand_times_larger_goes_first_whatever_the_list_order() {
+    let mut slots = DriftSlots::new(Norm::L1, 2);
+    slots.set_theta(4_000.0);
+    slots.set(0, 1_024.0);
+    slots.set(1, 1_048_576.0);
+    assert_eq!(indices(slots.backup(1, BackupScope::Drifted)), vec![1]);
+    // Drifts past the largest class (2^63) share it.
+    let mut slots = DriftSlots::new(Norm::L1, 2);
+    slots.set_theta(1e30);
+    slots.set(0, 1.0);
+    slots.set(1, 3e30);
+    assert_eq!(indices(slots.backup(1, BackupScope::Drifted)), vec![1]);
+}
+
+#[test]
+fn an_owed_slots_drift_counts_as_written_when_choosing_the_rest() {
+    let mut slots = DriftSlots::new(Norm::L1, 3);
+    slots.set_theta(10.0);
+    slots.set(0, 8.0);
+    assert_eq!(indices(slots.backup(1, BackupScope::Complete)), vec![0]);
+    slots.fail(1);
+    for (index, value) in [(0, 14.0), (1, 3.0), (2, 2.0)] {
+        slots.set(index, value);
+    }
+    // 11 of drift; the owed slot takes 6 of it, which leaves 5 = θ/2.
+    assert_eq!(indices(slots.backup(2, BackupScope::Drifted)), vec![0]);
+}
