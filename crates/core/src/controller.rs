@@ -11,10 +11,11 @@
 //! * **Backups.** After an item, a backup is issued when the divergence from the
 //!   last backup *issued* exceeds θ (it writes the largest drifts, until θ/2
 //!   is left), and at the end of a run of input (the items a poll gave) once
-//!   ⌈l/2⌉ items have passed since the last backup was issued. A backup for l while the divergence is
-//!   within θ writes only what failed writes owe (`BackupScope::Owed`): its
-//!   marker moves the recovery point over a logged state that is within θ of the
-//!   live one, which is all the bound needs, so l costs a marker, not the drift.
+//!   ⌈l/2⌉ items have passed since the last backup was issued. A backup for l
+//!   while the divergence is within θ writes only what failed writes owe
+//!   (`BackupScope::Owed`): its marker moves the recovery point over a logged
+//!   state that is within θ of the live one, which is all the bound needs, so
+//!   l costs a marker, not the drift.
 //!   **Several backups may be in flight** (up to `max_backups_in_flight`; a
 //!   trigger beyond them waits for one to close, and the backup then covers
 //!   more items, while input goes on). The

@@ -462,13 +462,12 @@ impl DriftSlots {
     /// at least half as much drift as the best choice would.
     fn take_heaviest(&mut self, indices: &mut Vec<u32>) {
         let mut remaining = self.sum;
-        let owed = std::mem::take(&mut self.owed);
-        for &index in &owed {
+        for position in 0..self.owed.len() {
+            let index = self.owed[position];
             self.flags[index as usize] &= !(OWED | DIRTY);
             remaining -= self.norm_term(index);
             indices.push(index);
         }
-        self.owed = owed;
         self.owed.clear();
         let target = self.sum_within(self.write_threshold());
         let mut class_sums = [0.0f64; DRIFT_CLASSES];
