@@ -98,6 +98,9 @@ pub struct DriftSlots {
     pressure: bool,
     /// The slots a backup writes, kept to reuse its buffer.
     scratch: Vec<u32>,
+    /// The dirty slots and their norm terms while a drifted backup ranks them,
+    /// kept to reuse its buffer.
+    ranked: Vec<(u32, f64)>,
 }
 
 /// A slot as the local store keeps it: the live value, and while it differs from
@@ -137,6 +140,7 @@ impl DriftSlots {
             free: Vec::new(),
             pressure: false,
             scratch: Vec::new(),
+            ranked: Vec::new(),
         }
     }
 
@@ -458,8 +462,10 @@ impl DriftSlots {
     /// `sum_within`); the rest stay dirty. A skewed stream's few hot keys carry
     /// most of the drift, so this writes far fewer records than every change.
     /// Drifts are ranked by binary order of magnitude (`drift_class`), not
-    /// sorted: two passes over the dirty list, and each record written removes
-    /// at least half as much drift as the best choice would.
+    /// sorted, and each record written removes at least half as much drift as
+    /// the best choice would. One pass over the dirty list reads each slot
+    /// once, takes its dirty flag (a slot listed twice is ranked once) and
+    /// keeps its term beside its index for the choice.
     fn take_heaviest(&mut self, indices: &mut Vec<u32>) {
         let mut remaining = self.sum;
         for position in 0..self.owed.len() {
@@ -471,10 +477,18 @@ impl DriftSlots {
         self.owed.clear();
         let target = self.sum_within(self.write_threshold());
         let mut class_sums = [0.0f64; DRIFT_CLASSES];
-        for &index in &self.dirty {
+        let mut ranked = std::mem::take(&mut self.ranked);
+        ranked.clear();
+        for position in 0..self.dirty.len() {
+            let index = self.dirty[position];
+            // A restore or an owed-only backup may have cleaned a slot that is
+            // still listed, and a slot cleaned so and changed again is listed
+            // twice: taking the flag ranks each slot once.
             if self.has(index, DIRTY) {
+                self.flags[index as usize] &= !DIRTY;
                 let term = self.norm_term(index);
                 class_sums[drift_class(term)] += term;
+                ranked.push((index, term));
             }
         }
         // Whole classes from the largest down; `cutoff` is the class taken in
@@ -489,24 +503,22 @@ impl DriftSlots {
                 remaining -= class_sums[class];
             }
         }
-        for position in 0..self.dirty.len() {
-            let index = self.dirty[position];
-            if !self.has(index, DIRTY) {
-                continue;
-            }
-            let term = self.norm_term(index);
+        // What is not written stays dirty, in list order.
+        self.dirty.clear();
+        for &(index, term) in &ranked {
             let class = drift_class(term);
             let take = class > cutoff || (class == cutoff && remaining > target) || !remaining.is_finite();
             if take {
                 if class == cutoff {
                     remaining -= term;
                 }
-                self.flags[index as usize] &= !DIRTY;
                 indices.push(index);
+            } else {
+                self.flags[index as usize] |= DIRTY;
+                self.dirty.push(index);
             }
         }
-        let flags = &self.flags;
-        self.dirty.retain(|&index| flags[index as usize] & DIRTY != 0);
+        self.ranked = ranked;
     }
 
     /// The slot's term of the running sum (|d| for L1, d² for L2).

@@ -374,3 +374,24 @@ fn an_owed_slots_drift_counts_as_written_when_choosing_the_rest() {
     // 11 of drift; the owed slot takes 6 of it, which leaves 5 = θ/2.
     assert_eq!(indices(slots.backup(2, BackupScope::Drifted)), vec![0]);
 }
+
+#[test]
+fn a_slot_listed_twice_is_ranked_and_written_once() {
+    let mut slots = DriftSlots::new(Norm::L1, 3);
+    slots.set_theta(10.0);
+    slots.set(0, 1.0);
+    assert_eq!(indices(slots.backup(1, BackupScope::Complete)), vec![0]);
+    slots.fail(1);
+    // The owed-only backup cleans slot 0 but leaves it listed; changed again,
+    // it is listed a second time.
+    assert_eq!(indices(slots.backup(2, BackupScope::Owed)), vec![0]);
+    for (index, value) in [(0, 5.0), (1, 3.0), (2, 3.0)] {
+        slots.set(index, value);
+    }
+    // 10 of drift: writing 4 and one of the threes leaves 3, within θ/2 = 5.
+    // Counting slot 0's 4 twice would stop after it, with 6 left.
+    let written = pairs(slots.backup(3, BackupScope::Drifted));
+    assert_eq!(written, vec![(0, 5.0), (1, 3.0)]);
+    assert_eq!(slots.divergence(), 3.0);
+    assert_eq!(pairs(slots.backup(4, BackupScope::Complete)), vec![(2, 3.0)]);
+}
