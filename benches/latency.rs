@@ -165,13 +165,12 @@ fn run_case<O: Operator>(
     let theta = case.theta.unwrap_or(theta);
     let global = GlobalThresholds::new(theta, l, gamma).expect("valid thresholds");
     let constants = build().constants();
-    let additive = build().norm().is_additive();
+    let norm = build().norm();
     let placement = Placement {
         parallelism: tasks as u32,
         ..Placement::default()
     };
-    let policy =
-        ThresholdPolicy::new(global, Default::default(), placement, additive, constants).expect("valid policy");
+    let policy = ThresholdPolicy::new(global, Default::default(), placement, norm, constants).expect("valid policy");
     let config = ControllerConfig::new(case.mode, policy, constants);
     let empty = read_changelog(&[]).expect("empty changelog");
     let share = items.len().div_ceil(tasks);

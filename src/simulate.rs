@@ -83,13 +83,7 @@ fn controller_config(op: &impl Operator, args: &SimulateArgs, theta: f64) -> Res
         Some(window_items) => FailurePolicy::Recovering { window_items },
         None => FailurePolicy::Halving,
     };
-    let policy = ThresholdPolicy::new(
-        global,
-        failures,
-        Placement::default(),
-        op.norm().is_additive(),
-        op.constants(),
-    )?;
+    let policy = ThresholdPolicy::new(global, failures, Placement::default(), op.norm(), op.constants())?;
     Ok(ControllerConfig::new(mode, policy, op.constants()))
 }
 

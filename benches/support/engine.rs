@@ -48,8 +48,8 @@ const POLL: usize = 500;
 impl<O: Operator> Engine<O> {
     pub fn new(operator: O, mode: Mode, theta: f64, items: u64, outputs: u64) -> Self {
         let global = GlobalThresholds::new(theta, items, outputs).expect("valid thresholds");
-        let config = ControllerConfig::single_task(mode, global, operator.constants(), operator.norm().is_additive())
-            .expect("valid policy");
+        let config =
+            ControllerConfig::single_task(mode, global, operator.constants(), operator.norm()).expect("valid policy");
         let mut io = InstantIo::default();
         let empty = read_changelog(&[]).expect("empty changelog");
         let (driver, _) = TaskDriver::recover(config, operator, &empty, None, 0, 0, &mut io).expect("start");

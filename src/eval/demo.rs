@@ -313,7 +313,7 @@ impl Demo<'_> {
                 parallelism: options.partitions as u32,
                 ..Placement::default()
             },
-            probe.norm().is_additive(),
+            probe.norm(),
             constants,
         )?;
         say(out, "");

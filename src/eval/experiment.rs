@@ -19,6 +19,7 @@ use super::exact::{exact, producer_workload, Answer, Comparison};
 use super::observed::{observed_divergences, RestoreCheck};
 use super::produce::{produce_from, Encoder, InputRecord, ProduceOptions};
 use crate::core::recovery::BackupMarker;
+use crate::core::Norm;
 use crate::service::config::KafkaConfig;
 use crate::service::config::{self, Config, OperatorConfig, PolicyName};
 use crate::service::kafka::{ensure_topics, ChangelogLoader, TopicReader, TopicSpec};
@@ -118,9 +119,10 @@ pub struct RunOutcome {
 
 /// The state bounds of a partition's failures under the halving policy,
 /// computed from the config's Θ and the number of tasks, not taken from the
-/// service's log: a task of an additive divergence gets Θ/tasks (each gets
-/// Θ otherwise), starts at half of it and halves after each recovery, so
-/// its k-th failure adds at most Θ/tasks/2^k.
+/// service's log: a task gets Θ' = Θ/tasks under L1, Θ/√tasks under L2 (n
+/// such distances combine to Θ) and Θ under a per-key maximum, starts at half
+/// of it and halves after each recovery, so its k-th failure adds at most
+/// Θ'/2^k.
 #[derive(Clone, Copy, Debug)]
 pub struct HalvingBounds {
     per_task: f64,
@@ -133,10 +135,14 @@ impl HalvingBounds {
         if ft.policy != PolicyName::Halving || ft.recover_after_items.is_some() || config.stage.is_some() {
             return Ok(None);
         }
-        let additive = crate::service::check::plan(config, partitions)?.norm.is_additive();
-        let tasks = if additive { partitions as f64 } else { 1.0 };
+        let tasks = partitions as f64;
+        let shares = match crate::service::check::plan(config, partitions)?.norm {
+            Norm::L1 | Norm::KeyCount => tasks,
+            Norm::L2 => tasks.sqrt(),
+            Norm::Max => 1.0,
+        };
         Ok(Some(HalvingBounds {
-            per_task: ft.theta / tasks,
+            per_task: ft.theta / shares,
         }))
     }
 
@@ -145,7 +151,7 @@ impl HalvingBounds {
         self.per_task / 2f64.powi(k.min(1023) as i32)
     }
 
-    /// The bound of its first `k` failures together: Θ/tasks · (1 − 2^−k).
+    /// The bound of its first `k` failures together: Θ' · (1 − 2^−k).
     pub fn first(self, k: u32) -> f64 {
         self.per_task * (1.0 - 0.5f64.powi(k.min(1023) as i32))
     }

@@ -43,7 +43,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::core::Operator;
+use crate::core::{Norm, Operator};
 use crate::eval::produce::FileFormat;
 use crate::operators::{
     Grep, HeavyHitters, HitterThreshold, KeyedAggregation, ModelAverager, OnlineJoin, OnlineLogisticRegression,
@@ -334,8 +334,7 @@ where
     let empty = O::build(operator, None)?;
     let partitions = sample.partitions.len();
     let plan = TaskPlan::new::<O>(config, operator, partitions)?;
-    let additive = plan.norm.is_additive();
-    let size = exact_size(&empty, &sample.partitions, additive);
+    let size = exact_size(&empty, &sample.partitions, plan.norm);
     if !(size.is_finite() && size > 0.0) {
         return Err(unsupported(format!(
             "the exact state of {} is empty ({} records, {} refused): nothing for E to be a share of",
@@ -356,7 +355,7 @@ where
         empty: &empty,
         streams: &sample.partitions,
         crashes: &crashes,
-        additive,
+        norm: plan.norm,
         size,
         options,
     };
@@ -424,10 +423,11 @@ where
     })
 }
 
-/// The exact state's size: each task's exact state over its stream, summed
-/// (additive divergence) or the smallest (per-key maximum: E holds for
+/// The exact state's size: each task's exact state over its stream, combined
+/// as the norm combines disjoint parts (summed under L1, root of the summed
+/// squares under L2), or the smallest under a per-key maximum (E holds for
 /// every task).
-fn exact_size<O: Measured>(empty: &O, streams: &[Vec<O::Input>], additive: bool) -> f64 {
+fn exact_size<O: Measured>(empty: &O, streams: &[Vec<O::Input>], norm: Norm) -> f64 {
     let mut sizes = Vec::new();
     let mut outputs = Vec::new();
     for stream in streams.iter().filter(|s| !s.is_empty()) {
@@ -439,24 +439,24 @@ fn exact_size<O: Measured>(empty: &O, streams: &[Vec<O::Input>], additive: bool)
         }
         sizes.push(O::size(&exact, empty));
     }
-    if additive {
-        sizes.iter().sum()
-    } else {
-        sizes.into_iter().fold(f64::INFINITY, f64::min)
+    match norm {
+        Norm::Max => sizes.into_iter().fold(f64::INFINITY, f64::min),
+        _ => sizes.into_iter().fold(0.0, |whole, size| norm.combine(whole, size)),
     }
 }
 
 /// The state bound of a pipeline planned with `plan` on `partitions` tasks,
 /// each failure taking every task down (a process or machine lost with all
-/// its tasks): K failures of each task, or any number.
+/// its tasks): K failures of each task, or any number; the tasks' bounds
+/// combine as their distances do (n of them: n·b under L1, √n·b under L2).
 fn bound(plan: &TaskPlan, partitions: usize, failures: Option<u32>) -> f64 {
     let (policy, constants) = (plan.policy, plan.constants);
-    let tasks = if plan.norm.is_additive() { partitions } else { 1 };
+    let tasks = u32::try_from(partitions).unwrap_or(u32::MAX);
     let per_task = match failures {
         None => policy.limit(constants).state,
         Some(k) => policy.bound_after(k, constants).state,
     };
-    tasks as f64 * per_task
+    plan.norm.task_shares(tasks) * per_task
 }
 
 /// Θ rounded down to two significant digits.
@@ -502,7 +502,7 @@ struct Trial<'a, O: ServiceOperator> {
     empty: &'a O,
     streams: &'a [Vec<O::Input>],
     crashes: &'a [Vec<u64>],
-    additive: bool,
+    norm: Norm,
     size: f64,
     options: &'a TuneOptions,
 }
@@ -524,7 +524,7 @@ where
             &build,
             self.streams,
             self.crashes,
-            self.additive,
+            self.norm,
             self.options.seed,
         )?;
         let bound = bound(&plan, self.streams.len(), self.options.failures) / self.size;

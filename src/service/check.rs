@@ -68,13 +68,7 @@ impl TaskPlan {
         };
         let constants = probe.constants();
         let norm = probe.norm();
-        let policy = ThresholdPolicy::new(
-            ft.global()?,
-            ft.failure_policy(),
-            placement,
-            norm.is_additive(),
-            constants,
-        )?;
+        let policy = ThresholdPolicy::new(ft.global()?, ft.failure_policy(), placement, norm, constants)?;
         Ok(TaskPlan {
             constants,
             norm,
@@ -166,21 +160,7 @@ pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError
         "thresholds: Theta = {}, L = {}, Gamma = {}, for {partitions} task(s), one per input partition",
         ft.theta, ft.max_uncovered, ft.max_unacked
     );
-    let _ = writeln!(
-        out,
-        "{}",
-        if plan.norm.is_additive() {
-            format!(
-                "split: the divergence ({:?}) adds up across tasks, so each task gets 1/{partitions} of Theta, L \
-                 and Gamma; the pipeline's bound is the sum of its tasks'",
-                plan.norm
-            )
-        } else {
-            "split: none; the divergence is a per-key maximum, so every task keeps Theta, L and Gamma and the \
-             pipeline's bound is that of one task"
-                .to_string()
-        }
-    );
+    let _ = writeln!(out, "{}", split_line(plan.norm, partitions));
     if let Some(stage) = &config.stage {
         let beta = fanout(stage).unwrap_or(1.0);
         let share = beta.powi((stage.stages - stage.index) as i32);
@@ -270,14 +250,17 @@ fn write_mode(out: &mut String, config: &Config, plan: &TaskPlan) {
 /// the next stage skips those it applied (`crate::core::sources`). Only an
 /// upstream stage that restarts from a local store may lose outputs (at most
 /// γ a failure, Σγ = Γ per task under halving), each moving the last stage's
-/// state by at most its α. Summed over tasks where the divergence adds up.
+/// state by at most its α. A stage's tasks combine as its norm combines their
+/// distances (n·b under L1, √n·b under L2, b under a per-key maximum); lost
+/// outputs add up over the tasks that split Γ.
 pub fn chain_bound(stages: &[&Config], partitions: usize) -> Result<f64, ServiceError> {
     let plans = stages
         .iter()
         .map(|config| plan(config, partitions))
         .collect::<Result<Vec<_>, _>>()?;
     let Some(last) = plans.last() else { return Ok(0.0) };
-    let tasks = |p: &TaskPlan| if p.norm.is_additive() { partitions as f64 } else { 1.0 };
+    let tasks = |p: &TaskPlan| p.norm.task_shares(u32::try_from(partitions).unwrap_or(u32::MAX));
+    let counted = |p: &TaskPlan| if p.norm.splits_counts() { partitions as f64 } else { 1.0 };
     let beta = match stages.first().and_then(|c| c.stage.as_ref()) {
         Some(stage) => fanout(stage)?,
         None => 1.0,
@@ -289,10 +272,28 @@ pub fn chain_bound(stages: &[&Config], partitions: usize) -> Result<f64, Service
         bound += tasks(p) * p.policy.limit(p.constants).state * beta.powi(later);
         if p.store_backed && config.pipeline.state_dir.is_some() {
             let lost = 2.0 * p.policy.for_failures(0).max_unacked as f64;
-            bound += tasks(p) * last.constants.alpha * lost * beta.powi(later - 1);
+            bound += counted(p) * last.constants.alpha * lost * beta.powi(later - 1);
         }
     }
     Ok(bound)
+}
+
+/// How `check` says the thresholds split over `partitions` tasks.
+fn split_line(norm: Norm, partitions: usize) -> String {
+    match norm {
+        Norm::L1 | Norm::KeyCount => format!(
+            "split: the divergence ({norm:?}) adds up across tasks, so each task gets 1/{partitions} of Theta, L \
+             and Gamma; the pipeline's bound is the sum of its tasks'"
+        ),
+        Norm::L2 => format!(
+            "split: the squares of the divergence (L2) add up across tasks, so each task gets Theta/sqrt({partitions}) \
+             and 1/{partitions} of L and Gamma; the pipeline's bound is the root of the sum of its tasks' squared \
+             bounds"
+        ),
+        Norm::Max => "split: none; the divergence is a per-key maximum, so every task keeps Theta, L and Gamma and \
+                      the pipeline's bound is that of one task"
+            .to_string(),
+    }
 }
 
 /// `chain_bound`, as `check` prints it after the stages' reports.
@@ -395,6 +396,15 @@ max_unacked = 800
         assert!(text.contains("split: none"), "{text}");
         let first = super::plan(&max, 2).expect("a plan").policy.for_failures(0);
         assert_eq!(first.theta, 500.0, "a maximum is not split over the tasks");
+        let l2 = parse(&CONFIG.replace(
+            "max_words_per_line = 10",
+            "max_words_per_line = 10\ndivergence = \"l2\"",
+        ));
+        let text = report(&l2, 4).expect("a report");
+        assert!(text.contains("Theta/sqrt(4)"), "{text}");
+        let first = super::plan(&l2, 4).expect("a plan").policy.for_failures(0);
+        assert_eq!(first.theta, 1000.0 / 2.0 / 2.0, "L2: Θ/√n, halved at the start");
+        assert_eq!(first.max_uncovered, super::plan(&max, 4).expect("a plan").policy.for_failures(0).max_uncovered / 4);
     }
 
     #[test]

@@ -71,6 +71,7 @@ pub use super::mode::{ExactInterval, Mode};
 use super::operator::{AnalysisConstants, BackupScope};
 use super::recovery::{BackupMarker, RecentFailures, RecoveryPlan};
 use super::sources::SourcePositions;
+use super::structures::Norm;
 use super::thresholds::{ErrorBound, FailurePolicy, GlobalThresholds, Placement, TaskThresholds, ThresholdPolicy};
 
 mod acknowledgements;
@@ -230,15 +231,9 @@ impl ControllerConfig {
         mode: Mode,
         global: GlobalThresholds,
         constants: AnalysisConstants,
-        additive: bool,
+        norm: Norm,
     ) -> Result<Self, CoreError> {
-        let policy = ThresholdPolicy::new(
-            global,
-            FailurePolicy::Halving,
-            Placement::default(),
-            additive,
-            constants,
-        )?;
+        let policy = ThresholdPolicy::new(global, FailurePolicy::Halving, Placement::default(), norm, constants)?;
         Ok(ControllerConfig::new(mode, policy, constants))
     }
 }

@@ -45,7 +45,7 @@ use super::operator::Operator;
 use super::recovery::{
     read_changelog, BackupMarker, ChangelogState, RecoveryPlan, ResumeSource, StoreCheckpoint, StoreWrites,
 };
-use super::structures::{KeyStore, MemoryKeyStore};
+use super::structures::{KeyStore, MemoryKeyStore, Norm};
 use super::thresholds::{ErrorBound, FailurePolicy};
 
 mod broker;
@@ -198,14 +198,16 @@ struct PendingCheck<O> {
 /// replays from it exactly.
 pub fn independent_bound(config: &ControllerConfig, k: u32) -> (f64, u64) {
     let global = config.policy.global;
-    let divisor = if config.policy.additive {
-        f64::from(config.policy.placement.parallelism)
-    } else {
-        1.0
+    // n tasks' distances combine to Θ: n·θ under L1, √(n·θ²) under L2, θ under a maximum.
+    let tasks = f64::from(config.policy.placement.parallelism);
+    let (theta_divisor, items_divisor) = match config.policy.norm {
+        Norm::L1 | Norm::KeyCount => (tasks, tasks),
+        Norm::L2 => (tasks.sqrt(), tasks),
+        Norm::Max => (1.0, 1.0),
     };
     let later = config.policy.placement.stages - config.policy.placement.stage;
-    let theta_split = global.theta / divisor / config.policy.placement.stage_fanout.powi(later as i32);
-    let items_split = global.max_uncovered as f64 / divisor;
+    let theta_split = global.theta / theta_divisor / config.policy.placement.stage_fanout.powi(later as i32);
+    let items_split = global.max_uncovered as f64 / items_divisor;
     let halving = match config.policy.failures {
         FailurePolicy::Fixed => 1.0,
         FailurePolicy::Halving | FailurePolicy::Recovering { .. } => 2f64.powi(k as i32 + 1),

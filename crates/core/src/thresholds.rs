@@ -25,10 +25,16 @@
 //!   at most Θ between them; over a stream of N items the total is at most
 //!   ⌈N/W⌉·Θ. The failure offsets that still count travel in the markers (the
 //!   latest [`RECENT_FAILURES`] of them).
-//! * **Parallel tasks**: when divergences add up across the n tasks of an operator,
-//!   each task uses Θ/n, L/n, Γ/n before halving (Θ/(2n) at the start), so the
-//!   tasks together keep the global bound. A per-key maximum needs no split: every
-//!   key lives in one partition.
+//! * **Parallel tasks**: the n tasks of an operator hold disjoint parts of its
+//!   state, so the distance of the whole is their distances combined by the
+//!   operator's norm. Under L1 (and key count) they add up: each task uses Θ/n
+//!   before halving (Θ/(2n) at the start). Under L2 their squares add up: each
+//!   task uses Θ/√n, as n·(Θ/√n)² = Θ², and a failure of every task moves the
+//!   whole by at most √n·θ = Θ/2 at the start, the same as under L1; a split by
+//!   n would make a task back up n times as often for a random-walk drift, for
+//!   no tighter bound. A per-key maximum needs no split: every key lives in one
+//!   partition. L and Γ count items and outputs, which add up: each task uses
+//!   L/n and Γ/n (whole under a per-key maximum).
 //! * **Pipelines**: with m chained operators, where one input makes at most β_p
 //!   outputs, operator i (1-based) uses Θ/β_p^(m−i) before halving, so an error
 //!   multiplied by β_p at each later stage still sums to the bound.
@@ -41,6 +47,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::CoreError;
 use super::operator::AnalysisConstants;
+use super::structures::Norm;
 
 /// The user's thresholds, global to a pipeline operator.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -243,9 +250,9 @@ pub struct ThresholdPolicy {
     pub global: GlobalThresholds,
     pub failures: FailurePolicy,
     pub placement: Placement,
-    /// Whether the operator's divergence adds up across tasks (see
-    /// [`crate::structures::Norm::is_additive`]).
-    pub additive: bool,
+    /// The operator's divergence: how its tasks' distances combine
+    /// ([`Norm::task_shares`]).
+    pub norm: Norm,
     /// β of this operator: γ never falls below it, or no item could be taken.
     pub min_outputs: u64,
 }
@@ -255,7 +262,7 @@ impl ThresholdPolicy {
         global: GlobalThresholds,
         failures: FailurePolicy,
         placement: Placement,
-        additive: bool,
+        norm: Norm,
         constants: AnalysisConstants,
     ) -> Result<Self, CoreError> {
         placement.validate()?;
@@ -264,7 +271,7 @@ impl ThresholdPolicy {
             global,
             failures,
             placement,
-            additive,
+            norm,
             min_outputs: constants.beta.max(1),
         };
         if policy.split_outputs() < constants.beta as f64 {
@@ -277,9 +284,10 @@ impl ThresholdPolicy {
         Ok(policy)
     }
 
-    fn parallel_divisor(&self) -> f64 {
-        if self.additive {
-            self.placement.parallelism as f64
+    /// Tasks that split L and Γ between them.
+    fn count_shares(&self) -> f64 {
+        if self.norm.splits_counts() {
+            f64::from(self.placement.parallelism)
         } else {
             1.0
         }
@@ -287,15 +295,16 @@ impl ThresholdPolicy {
 
     fn split_theta(&self) -> f64 {
         let later_stages = (self.placement.stages - self.placement.stage) as i32;
-        self.global.theta / self.parallel_divisor() / self.placement.stage_fanout.powi(later_stages)
+        let shares = self.norm.task_shares(self.placement.parallelism);
+        self.global.theta / shares / self.placement.stage_fanout.powi(later_stages)
     }
 
     fn split_items(&self) -> f64 {
-        self.global.max_uncovered as f64 / self.parallel_divisor()
+        self.global.max_uncovered as f64 / self.count_shares()
     }
 
     fn split_outputs(&self) -> f64 {
-        self.global.max_unacked as f64 / self.parallel_divisor()
+        self.global.max_unacked as f64 / self.count_shares()
     }
 
     /// The thresholds of a task that has recovered from `failures` failures.
@@ -374,7 +383,7 @@ mod tests {
             GlobalThresholds::new(theta, items, outputs).unwrap(),
             FailurePolicy::Halving,
             Placement::default(),
-            true,
+            Norm::L1,
             ONE,
         )
         .unwrap()
@@ -457,7 +466,7 @@ mod tests {
         );
         let global = GlobalThresholds::new(1.0, 1, 1).unwrap();
         let zero = FailurePolicy::Recovering { window_items: 0 };
-        assert!(ThresholdPolicy::new(global, zero, Placement::default(), true, ONE).is_err());
+        assert!(ThresholdPolicy::new(global, zero, Placement::default(), Norm::L1, ONE).is_err());
     }
 
     #[test]
@@ -469,16 +478,28 @@ mod tests {
             stages: 2,
             stage_fanout: 2.0,
         };
-        let additive = ThresholdPolicy::new(global, FailurePolicy::Halving, placement, true, ONE).unwrap();
+        let additive = ThresholdPolicy::new(global, FailurePolicy::Halving, placement, Norm::L1, ONE).unwrap();
         assert_eq!(additive.for_failures(0).theta, 800.0 / 4.0 / 2.0 / 2.0);
         assert_eq!(additive.for_failures(0).max_uncovered, 100);
-        let per_key = ThresholdPolicy::new(global, FailurePolicy::Halving, placement, false, ONE).unwrap();
+        let euclidean = ThresholdPolicy::new(global, FailurePolicy::Halving, placement, Norm::L2, ONE).unwrap();
+        assert_eq!(
+            euclidean.for_failures(0).theta,
+            800.0 / 2.0 / 2.0 / 2.0,
+            "Θ/√4 under L2"
+        );
+        assert_eq!(
+            euclidean.for_failures(0).max_uncovered,
+            100,
+            "L/n under L2 all the same"
+        );
+        assert_eq!(euclidean.for_failures(0).max_unacked, 100, "Γ/n under L2 all the same");
+        let per_key = ThresholdPolicy::new(global, FailurePolicy::Halving, placement, Norm::Max, ONE).unwrap();
         assert_eq!(per_key.for_failures(0).theta, 800.0 / 2.0 / 2.0);
         let last_stage = Placement { stage: 2, ..placement };
-        let last = ThresholdPolicy::new(global, FailurePolicy::Halving, last_stage, false, ONE).unwrap();
+        let last = ThresholdPolicy::new(global, FailurePolicy::Halving, last_stage, Norm::Max, ONE).unwrap();
         assert_eq!(last.for_failures(0).theta, 400.0);
         let bad = Placement { stage: 3, ..placement };
-        assert!(ThresholdPolicy::new(global, FailurePolicy::Halving, bad, false, ONE).is_err());
+        assert!(ThresholdPolicy::new(global, FailurePolicy::Halving, bad, Norm::Max, ONE).is_err());
         assert_eq!(additive.for_failures(0).max_unacked, 100, "Γ/n before halving");
         for bad in [
             Placement { stage: 0, ..placement },
@@ -506,10 +527,33 @@ mod tests {
     }
 
     #[test]
+    fn the_tasks_shares_of_theta_combine_to_theta() {
+        let theta = 1000.0;
+        for n in 1..=9u32 {
+            // The distance of n disjoint parts at d each, by the norm's own definition.
+            let expected = |norm: Norm, d: f64| match norm {
+                Norm::L1 | Norm::KeyCount => f64::from(n) * d,
+                Norm::L2 => (f64::from(n) * d * d).sqrt(),
+                Norm::Max => d,
+            };
+            for norm in [Norm::L1, Norm::L2, Norm::Max, Norm::KeyCount] {
+                let share = theta / norm.task_shares(n);
+                let whole = (1..n).fold(share, |acc, _| norm.combine(acc, share));
+                assert!((whole - theta).abs() < 1e-9, "{norm:?}, {n} tasks: {whole}");
+                assert!((expected(norm, share) - theta).abs() < 1e-9, "{norm:?}, {n} tasks");
+            }
+        }
+        assert_eq!(Norm::L2.combine(3.0, 4.0), 5.0);
+        assert_eq!(Norm::L1.combine(3.0, 4.0), 7.0);
+        assert_eq!(Norm::Max.combine(3.0, 4.0), 4.0);
+        assert!(Norm::L2.splits_counts() && Norm::L1.splits_counts() && !Norm::Max.splits_counts());
+    }
+
+    #[test]
     fn gamma_must_fit_one_item() {
         let global = GlobalThresholds::new(1.0, 10, 3).unwrap();
         let wide = AnalysisConstants { alpha: 1.0, beta: 8 };
-        assert!(ThresholdPolicy::new(global, FailurePolicy::Halving, Placement::default(), true, wide).is_err());
+        assert!(ThresholdPolicy::new(global, FailurePolicy::Halving, Placement::default(), Norm::L1, wide).is_err());
     }
 
     #[test]

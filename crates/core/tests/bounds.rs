@@ -25,7 +25,7 @@ use proptest::prelude::*;
 
 fn controller(op: &impl Operator, mode: Mode, theta: f64, items: u64, outputs: u64) -> ControllerConfig {
     let global = GlobalThresholds::new(theta, items, outputs).unwrap();
-    ControllerConfig::single_task(mode, global, op.constants(), op.norm().is_additive()).unwrap()
+    ControllerConfig::single_task(mode, global, op.constants(), op.norm()).unwrap()
 }
 
 #[derive(Clone, Debug)]
@@ -207,7 +207,7 @@ proptest! {
             global,
             FailurePolicy::Recovering { window_items: window },
             Placement::default(),
-            op.norm().is_additive(),
+            op.norm(),
             op.constants(),
         )
         .unwrap();

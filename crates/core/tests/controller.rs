@@ -2,7 +2,7 @@
 
 use afstream_core::{
     Action, AnalysisConstants, BackupMarker, BackupScope, Blocked, ControllerConfig, ExactInterval, FailurePolicy,
-    GlobalThresholds, Mode, Placement, RecoveryPlan, ResumeSource, TaskController, ThresholdPolicy,
+    GlobalThresholds, Mode, Norm, Placement, RecoveryPlan, ResumeSource, TaskController, ThresholdPolicy,
     DEFAULT_MAX_BACKUPS_IN_FLIGHT,
 };
 
@@ -10,7 +10,14 @@ const CONSTANTS: AnalysisConstants = AnalysisConstants { alpha: 1.0, beta: 1 };
 
 fn config(mode: Mode, theta: f64, items: u64, outputs: u64) -> ControllerConfig {
     let global = GlobalThresholds::new(theta, items, outputs).unwrap();
-    let policy = ThresholdPolicy::new(global, FailurePolicy::Halving, Placement::default(), true, CONSTANTS).unwrap();
+    let policy = ThresholdPolicy::new(
+        global,
+        FailurePolicy::Halving,
+        Placement::default(),
+        Norm::L1,
+        CONSTANTS,
+    )
+    .unwrap();
     ControllerConfig::new(mode, policy, CONSTANTS)
 }
 
@@ -609,7 +616,7 @@ fn under_the_recovering_policy_thresholds_come_back_after_the_window() {
         global,
         FailurePolicy::Recovering { window_items: 100 },
         Placement::default(),
-        true,
+        Norm::L1,
         CONSTANTS,
     )
     .unwrap();

@@ -69,7 +69,7 @@ fn approximate(theta: f64, max_uncovered: u64, max_unacked: u64) -> ControllerCo
         GlobalThresholds::new(theta, max_uncovered, max_unacked).unwrap(),
         FailurePolicy::Halving,
         Placement::default(),
-        true,
+        Norm::L1,
         constants,
     )
     .unwrap();

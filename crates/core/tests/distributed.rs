@@ -29,20 +29,20 @@ fn sgd(consistency: Consistency) -> DistributedSgdConfig {
 }
 
 /// Θ = 1, L = 300, Γ = 100 for the two-stage pipeline: workers are stage 1 of
-/// 2 with three copies (Euclidean divergences add up: Θ/(2·3)), the averager
-/// stage 2.
+/// 2 with three copies (the squares of Euclidean divergences add up: Θ/(2·√3)
+/// each at the start), the averager stage 2.
 fn controllers(config: DistributedSgdConfig) -> (ControllerConfig, ControllerConfig) {
     let global = GlobalThresholds::new(1.0, 300, 100).unwrap();
-    let task = |op: &dyn Fn() -> (afstream_core::AnalysisConstants, bool), placement: Placement| {
-        let (constants, additive) = op();
-        let policy = ThresholdPolicy::new(global, FailurePolicy::Halving, placement, additive, constants).unwrap();
+    let task = |op: &dyn Fn() -> (afstream_core::AnalysisConstants, afstream_core::Norm), placement: Placement| {
+        let (constants, norm) = op();
+        let policy = ThresholdPolicy::new(global, FailurePolicy::Halving, placement, norm, constants).unwrap();
         ControllerConfig::new(Mode::Approximate, policy, constants)
     };
     let worker = SgdWorker::new(config, 0).unwrap();
     let averager = ModelAverager::new(config).unwrap();
     (
         task(
-            &|| (worker.constants(), worker.norm().is_additive()),
+            &|| (worker.constants(), worker.norm()),
             Placement {
                 parallelism: WORKERS,
                 stage: 1,
@@ -51,7 +51,7 @@ fn controllers(config: DistributedSgdConfig) -> (ControllerConfig, ControllerCon
             },
         ),
         task(
-            &|| (averager.constants(), averager.norm().is_additive()),
+            &|| (averager.constants(), averager.norm()),
             Placement {
                 parallelism: 1,
                 stage: 2,

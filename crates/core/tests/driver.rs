@@ -10,7 +10,7 @@ use afstream_core::operators::{
 };
 use afstream_core::{
     Ack, AnalysisConstants, BackupBatch, BackupMarker, Blocked, ControllerConfig, FailurePolicy, GlobalThresholds,
-    Item, Mode, Operator, Placement, RecoveryPlan, Rejected, SourcePosition, StoreCheckpoint, TaskDriver, TaskIo,
+    Item, Mode, Norm, Operator, Placement, RecoveryPlan, Rejected, SourcePosition, StoreCheckpoint, TaskDriver, TaskIo,
     ThresholdPolicy,
 };
 
@@ -53,8 +53,14 @@ fn word_count() -> WordCount {
 
 fn approximate(constants: AnalysisConstants, max_uncovered: u64, max_unacked: u64) -> ControllerConfig {
     let global = GlobalThresholds::new(1e9, max_uncovered, max_unacked).expect("valid thresholds");
-    let policy = ThresholdPolicy::new(global, FailurePolicy::Halving, Placement::default(), true, constants)
-        .expect("a valid policy");
+    let policy = ThresholdPolicy::new(
+        global,
+        FailurePolicy::Halving,
+        Placement::default(),
+        Norm::L1,
+        constants,
+    )
+    .expect("a valid policy");
     ControllerConfig::new(Mode::Approximate, policy, constants)
 }
 
@@ -189,8 +195,14 @@ fn a_waiting_operator_takes_no_input_and_a_side_input_past_theta_is_backed_up_at
     let operator = SgdWorker::new(sgd, 0).expect("a valid worker");
     let constants = operator.constants();
     let global = GlobalThresholds::new(1.0, 1_000, 1_000).expect("valid thresholds");
-    let policy = ThresholdPolicy::new(global, FailurePolicy::Halving, Placement::default(), true, constants)
-        .expect("a valid policy");
+    let policy = ThresholdPolicy::new(
+        global,
+        FailurePolicy::Halving,
+        Placement::default(),
+        Norm::L1,
+        constants,
+    )
+    .expect("a valid policy");
     let config = ControllerConfig::new(Mode::Approximate, policy, constants);
     let io = &mut Recorder::default();
     let mut driver =

@@ -11,7 +11,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::core::harness::{simulate, SimulationOptions};
-use crate::core::{ControllerConfig, CoreError, Operator};
+use crate::core::{ControllerConfig, CoreError, Norm, Operator};
 
 /// What one candidate's runs measured, summed over the tasks.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -21,8 +21,9 @@ pub struct Measurement {
     pub changelog_records: u64,
     /// Items of the failure-free runs.
     pub items: u64,
-    /// The crashed runs' final states against the failure-free ones: summed
-    /// over tasks (additive divergence) or the largest (per-key maximum).
+    /// The crashed runs' final states against the failure-free ones, combined
+    /// over tasks as the norm combines disjoint parts (summed under L1, root
+    /// of the summed squares under L2, the largest under a per-key maximum).
     pub error: f64,
     /// Items processed again after a crash, summed over recoveries.
     pub replayed: u64,
@@ -55,7 +56,7 @@ pub fn measure<O>(
     build: &dyn Fn() -> O,
     streams: &[Vec<O::Input>],
     crashes: &[Vec<u64>],
-    additive: bool,
+    norm: Norm,
     seed: u64,
 ) -> Result<Measurement, CoreError>
 where
@@ -81,11 +82,7 @@ where
         };
         let (failed, report) = simulate(controller, build, stream, crashing)?;
         let error = failed.distance(&clean);
-        total.error = if additive {
-            total.error + error
-        } else {
-            total.error.max(error)
-        };
+        total.error = norm.combine(total.error, error);
         total.replayed += report
             .recoveries
             .iter()

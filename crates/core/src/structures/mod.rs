@@ -76,8 +76,37 @@ pub enum Norm {
 }
 
 impl Norm {
-    /// Whether divergences of this kind add up across parallel tasks.
-    pub fn is_additive(self) -> bool {
+    /// Into how many shares Θ is cut for `tasks` parallel tasks, whose states
+    /// are disjoint parts of the operator's state (every key, every model,
+    /// lives in one task): the distance of the whole is the tasks' distances
+    /// combined ([`Norm::combine`]), so n shares of Θ/shares combine to Θ.
+    /// Distances add up under L1 and key count (n shares); under L2 their
+    /// squares do (√n shares: n · (Θ/√n)² = Θ²); a per-key maximum is one
+    /// task's (one share).
+    pub fn task_shares(self, tasks: u32) -> f64 {
+        let n = f64::from(tasks.max(1));
+        match self {
+            Norm::L1 | Norm::KeyCount => n,
+            Norm::L2 => n.sqrt(),
+            Norm::Max => 1.0,
+        }
+    }
+
+    /// The distance of a state made of two disjoint parts at distances `a`
+    /// and `b`.
+    pub fn combine(self, a: f64, b: f64) -> f64 {
+        match self {
+            Norm::L1 | Norm::KeyCount => a + b,
+            Norm::L2 => a.hypot(b),
+            Norm::Max => a.max(b),
+        }
+    }
+
+    /// Whether the items a task leaves uncovered and the outputs it leaves
+    /// unacknowledged are split across tasks (L and Γ): they add up, except
+    /// under a per-key maximum, whose bound is one key's and every key lives
+    /// in one task.
+    pub fn splits_counts(self) -> bool {
         !matches!(self, Norm::Max)
     }
 }
