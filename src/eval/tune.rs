@@ -315,7 +315,7 @@ impl Measured for OnlineJoin {
 
 impl Measured for OnlineLogisticRegression {
     fn error_measure(&self) -> String {
-        "‖w − w_exact‖₂ / ‖w_exact‖₂ of each task's model weights (the largest over tasks)".into()
+        "‖w − w_exact‖₂ / ‖w_exact‖₂ of the weights, every task's model together".into()
     }
 }
 

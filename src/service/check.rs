@@ -404,7 +404,15 @@ max_unacked = 800
         assert!(text.contains("Theta/sqrt(4)"), "{text}");
         let first = super::plan(&l2, 4).expect("a plan").policy.for_failures(0);
         assert_eq!(first.theta, 1000.0 / 2.0 / 2.0, "L2: Θ/√n, halved at the start");
-        assert_eq!(first.max_uncovered, super::plan(&max, 4).expect("a plan").policy.for_failures(0).max_uncovered / 4);
+        assert_eq!(
+            first.max_uncovered,
+            super::plan(&max, 4)
+                .expect("a plan")
+                .policy
+                .for_failures(0)
+                .max_uncovered
+                / 4
+        );
     }
 
     #[test]
