@@ -9,9 +9,8 @@ use afstream_core::operators::{
     Consistency, DistributedSgdConfig, GlobalModel, LabeledVector, SgdWorker, WordCount, WordCountConfig,
 };
 use afstream_core::{
-    Ack, AnalysisConstants, BackupBatch, BackupMarker, Blocked, ControllerConfig, FailurePolicy, GlobalThresholds,
-    Item, Mode, Norm, Operator, Placement, RecoveryPlan, Rejected, SourcePosition, StoreCheckpoint, TaskDriver, TaskIo,
-    ThresholdPolicy,
+    Ack, AnalysisConstants, BackupBatch, BackupMarker, Blocked, ControllerConfig, GlobalThresholds, Item, Mode, Norm,
+    Operator, RecoveryPlan, Rejected, SourcePosition, StoreCheckpoint, TaskDriver, TaskIo,
 };
 
 /// Records what the driver asks for; every refused record gets one dead letter.
@@ -53,15 +52,7 @@ fn word_count() -> WordCount {
 
 fn approximate(constants: AnalysisConstants, max_uncovered: u64, max_unacked: u64) -> ControllerConfig {
     let global = GlobalThresholds::new(1e9, max_uncovered, max_unacked).expect("valid thresholds");
-    let policy = ThresholdPolicy::new(
-        global,
-        FailurePolicy::Halving,
-        Placement::default(),
-        Norm::L1,
-        constants,
-    )
-    .expect("a valid policy");
-    ControllerConfig::new(Mode::Approximate, policy, constants)
+    ControllerConfig::single_task(Mode::Approximate, global, constants, Norm::L1).expect("a valid policy")
 }
 
 fn word_count_driver(io: &mut Recorder, max_uncovered: u64, max_unacked: u64) -> TaskDriver<WordCount> {
@@ -195,15 +186,8 @@ fn a_waiting_operator_takes_no_input_and_a_side_input_past_theta_is_backed_up_at
     let operator = SgdWorker::new(sgd, 0).expect("a valid worker");
     let constants = operator.constants();
     let global = GlobalThresholds::new(1.0, 1_000, 1_000).expect("valid thresholds");
-    let policy = ThresholdPolicy::new(
-        global,
-        FailurePolicy::Halving,
-        Placement::default(),
-        Norm::L1,
-        constants,
-    )
-    .expect("a valid policy");
-    let config = ControllerConfig::new(Mode::Approximate, policy, constants);
+    let config =
+        ControllerConfig::single_task(Mode::Approximate, global, constants, operator.norm()).expect("a valid policy");
     let io = &mut Recorder::default();
     let mut driver =
         TaskDriver::start(config, operator, &RecoveryPlan::fresh(0), Vec::new(), 0, io).expect("a started driver");
