@@ -136,7 +136,7 @@ impl HalvingBounds {
             return Ok(None);
         }
         let tasks = partitions as f64;
-        let shares = match crate::service::check::plan(config, partitions)?.norm {
+        let shares = match crate::service::check::plan(config, partitions)?.policy.norm {
             Norm::L1 | Norm::KeyCount => tasks,
             Norm::L2 => tasks.sqrt(),
             Norm::Max => 1.0,

@@ -334,7 +334,7 @@ where
     let empty = O::build(operator, None)?;
     let partitions = sample.partitions.len();
     let plan = TaskPlan::new::<O>(config, operator, partitions)?;
-    let size = exact_size(&empty, &sample.partitions, plan.norm);
+    let size = exact_size(&empty, &sample.partitions, plan.policy.norm);
     if !(size.is_finite() && size > 0.0) {
         return Err(unsupported(format!(
             "the exact state of {} is empty ({} records, {} refused): nothing for E to be a share of",
@@ -345,7 +345,7 @@ where
     let streams: Vec<usize> = sample.partitions.iter().map(Vec::len).collect();
     let crashes = measure::crash_points(&streams, simulated_failures, options.seed);
     let ft = &config.pipeline.fault_tolerance;
-    let largest_theta = ft.theta * options.error * size / bound(&plan, partitions, options.failures);
+    let largest_theta = ft.theta * options.error * size / bound(&plan, options.failures);
     let gamma = ft
         .max_unacked
         .max(OUTPUTS_OF_ITEMS * plan.constants.beta * partitions as u64);
@@ -355,7 +355,7 @@ where
         empty: &empty,
         streams: &sample.partitions,
         crashes: &crashes,
-        norm: plan.norm,
+        norm: plan.policy.norm,
         size,
         options,
     };
@@ -445,18 +445,17 @@ fn exact_size<O: Measured>(empty: &O, streams: &[Vec<O::Input>], norm: Norm) -> 
     }
 }
 
-/// The state bound of a pipeline planned with `plan` on `partitions` tasks,
-/// each failure taking every task down (a process or machine lost with all
+/// The state bound of a pipeline planned with `plan` (on its tasks, one per
+/// partition), each failure taking every task down (a process or machine lost with all
 /// its tasks): K failures of each task, or any number; the tasks' bounds
 /// combine as their distances do (n of them: n·b under L1, √n·b under L2).
-fn bound(plan: &TaskPlan, partitions: usize, failures: Option<u32>) -> f64 {
+fn bound(plan: &TaskPlan, failures: Option<u32>) -> f64 {
     let (policy, constants) = (plan.policy, plan.constants);
-    let tasks = u32::try_from(partitions).unwrap_or(u32::MAX);
     let per_task = match failures {
         None => policy.limit(constants).state,
         Some(k) => policy.bound_after(k, constants).state,
     };
-    plan.norm.task_shares(tasks) * per_task
+    plan.policy.norm.task_shares(plan.policy.placement.parallelism) * per_task
 }
 
 /// Θ rounded down to two significant digits.
@@ -527,7 +526,7 @@ where
             self.norm,
             self.options.seed,
         )?;
-        let bound = bound(&plan, self.streams.len(), self.options.failures) / self.size;
+        let bound = bound(&plan, self.options.failures) / self.size;
         let error = measured.error / self.size;
         Ok(Candidate {
             theta,

@@ -20,7 +20,7 @@ const FAILURES_SHOWN: u32 = 5;
 #[derive(Clone, Copy, Debug)]
 pub struct TaskPlan {
     pub constants: AnalysisConstants,
-    pub norm: Norm,
+    /// The split over the tasks, and the operator's divergence (`policy.norm`).
     pub policy: ThresholdPolicy,
     pub controller: ControllerConfig,
     /// The operator keeps its keyed state in a local store when given a state directory.
@@ -67,11 +67,9 @@ impl TaskPlan {
             },
         };
         let constants = probe.constants();
-        let norm = probe.norm();
-        let policy = ThresholdPolicy::new(ft.global()?, ft.failure_policy(), placement, norm, constants)?;
+        let policy = ThresholdPolicy::new(ft.global()?, ft.failure_policy(), placement, probe.norm(), constants)?;
         Ok(TaskPlan {
             constants,
-            norm,
             policy,
             controller: ControllerConfig::new(ft.mode(), policy, constants),
             store_backed: O::STORE_BACKED,
@@ -145,7 +143,7 @@ pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError
         pipeline.operator.kind(),
         trim(&format!("{:.6}", plan.constants.alpha)),
         plan.constants.beta,
-        plan.norm
+        plan.policy.norm
     );
     let _ = writeln!(
         out,
@@ -160,7 +158,7 @@ pub fn report(config: &Config, partitions: usize) -> Result<String, ServiceError
         "thresholds: Theta = {}, L = {}, Gamma = {}, for {partitions} task(s), one per input partition",
         ft.theta, ft.max_uncovered, ft.max_unacked
     );
-    let _ = writeln!(out, "{}", split_line(plan.norm, partitions));
+    let _ = writeln!(out, "{}", split_line(plan.policy.norm, partitions));
     if let Some(stage) = &config.stage {
         let beta = fanout(stage).unwrap_or(1.0);
         let share = beta.powi((stage.stages - stage.index) as i32);
@@ -259,8 +257,14 @@ pub fn chain_bound(stages: &[&Config], partitions: usize) -> Result<f64, Service
         .map(|config| plan(config, partitions))
         .collect::<Result<Vec<_>, _>>()?;
     let Some(last) = plans.last() else { return Ok(0.0) };
-    let tasks = |p: &TaskPlan| p.norm.task_shares(u32::try_from(partitions).unwrap_or(u32::MAX));
-    let counted = |p: &TaskPlan| if p.norm.splits_counts() { partitions as f64 } else { 1.0 };
+    let tasks = |p: &TaskPlan| p.policy.norm.task_shares(p.policy.placement.parallelism);
+    let counted = |p: &TaskPlan| {
+        if p.policy.norm.splits_counts() {
+            partitions as f64
+        } else {
+            1.0
+        }
+    };
     let beta = match stages.first().and_then(|c| c.stage.as_ref()) {
         Some(stage) => fanout(stage)?,
         None => 1.0,

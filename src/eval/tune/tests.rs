@@ -51,19 +51,19 @@ fn the_bound_has_every_failure_take_every_task_down() {
     // Θ = 1000 on two tasks, L1: split 500 each, then halved per failure
     // (250, 125, 62.5, …).
     let l1 = plan(&keyed_sum(1000.0, 1000, "l1"), 2);
-    assert_eq!(bound(&l1, 2, None), 1000.0);
-    assert_eq!(bound(&l1, 2, Some(3)), 2.0 * (250.0 + 125.0 + 62.5));
-    assert_eq!(bound(&l1, 2, Some(0)), 0.0);
+    assert_eq!(bound(&l1, None), 1000.0);
+    assert_eq!(bound(&l1, Some(3)), 2.0 * (250.0 + 125.0 + 62.5));
+    assert_eq!(bound(&l1, Some(0)), 0.0);
     // A per-key maximum is not split: one task's 500 + 250 + 125.
     let max = plan(&keyed_sum(1000.0, 1000, "max"), 2);
-    assert_eq!(bound(&max, 2, Some(3)), 875.0);
-    assert_eq!(bound(&max, 2, None), 1000.0);
+    assert_eq!(bound(&max, Some(3)), 875.0);
+    assert_eq!(bound(&max, None), 1000.0);
     // L2 on four tasks: Θ/√4 = 500 each (250 at the start), and four such
     // distances combine to √4 · 500 = Θ.
     let l2 = plan(&keyed_sum(1000.0, 1000, "l2"), 4);
     assert_eq!(l2.policy.for_failures(0).theta, 250.0);
-    assert_eq!(bound(&l2, 4, None), 1000.0);
-    assert_eq!(bound(&l2, 4, Some(2)), 2.0 * (250.0 + 125.0));
+    assert_eq!(bound(&l2, None), 1000.0);
+    assert_eq!(bound(&l2, Some(2)), 2.0 * (250.0 + 125.0));
 }
 
 #[test]
