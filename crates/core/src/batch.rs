@@ -16,7 +16,7 @@
 
 use super::entry::{BackupEntry, EntryBytes};
 use super::error::CoreError;
-use super::logged::{write_envelope, write_f64_envelope, LoggedValue, Slot, CERTAIN};
+use super::logged::{write_envelope, write_f64s_envelope, LoggedValue, Slot, CERTAIN};
 
 /// One backup's changelog records.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -72,6 +72,11 @@ impl BackupBatch {
         self.ends.is_empty()
     }
 
+    /// Bytes the batch holds room for.
+    pub fn capacity(&self) -> usize {
+        self.bytes.capacity()
+    }
+
     /// Bytes of keys and values together, for accounting.
     pub fn encoded_len(&self) -> usize {
         self.bytes.len()
@@ -82,10 +87,24 @@ impl BackupBatch {
     /// key (`None`: none held it).
     #[inline]
     pub fn push_f64(&mut self, tag: u8, key: impl FnOnce(&mut Vec<u8>), value: f64, prior: Option<f64>) {
+        self.push_f64s(tag, key, [value], prior.map(|prior| [prior]));
+    }
+
+    /// Appends an entry of `N` `f64`s (a table's value and the number it
+    /// carries: [`crate::entry::decode_f64_pair`] reads two), as
+    /// [`BackupBatch::push_f64`] does one.
+    #[inline]
+    pub fn push_f64s<const N: usize>(
+        &mut self,
+        tag: u8,
+        key: impl FnOnce(&mut Vec<u8>),
+        value: [f64; N],
+        prior: Option<[f64; N]>,
+    ) {
         self.bytes.push(tag);
         key(&mut self.bytes);
         let key_end = self.bytes.len();
-        write_f64_envelope(&mut self.bytes, self.seq, value, prior);
+        write_f64s_envelope(&mut self.bytes, self.seq, value, prior);
         self.ends.push((key_end, self.bytes.len()));
     }
 

@@ -102,6 +102,31 @@ pub fn decode_f64(value: &[u8]) -> Result<f64, CoreError> {
     Ok(f64::from_le_bytes(bytes))
 }
 
+/// A versioned pair of `f64`s in one entry (a table's value and the number
+/// it carries, see [`crate::structures::TrackedTable::with_carried`]): the
+/// first then the second, little-endian, 16 bytes.
+pub fn encode_f64_pair(first: f64, second: f64) -> EntryBytes {
+    let mut payload = [0u8; 16];
+    payload[..8].copy_from_slice(&first.to_le_bytes());
+    payload[8..].copy_from_slice(&second.to_le_bytes());
+    versioned(&payload)
+}
+
+/// Decodes a value written by [`encode_f64_pair`].
+pub fn decode_f64_pair(value: &[u8]) -> Result<(f64, f64), CoreError> {
+    let body = payload(value)?;
+    let bytes: [u8; 16] = body
+        .try_into()
+        .map_err(|_| CoreError::undecodable("f64 pair value", format!("{} bytes, expected 16", body.len())))?;
+    let (first, second) = bytes.split_at(8);
+    let number = |half: &[u8]| {
+        let mut eight = [0u8; 8];
+        eight.copy_from_slice(half);
+        f64::from_le_bytes(eight)
+    };
+    Ok((number(first), number(second)))
+}
+
 /// A little-endian reader over a payload, with errors instead of panics.
 pub struct PayloadReader<'a> {
     bytes: &'a [u8],

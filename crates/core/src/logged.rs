@@ -186,16 +186,22 @@ pub(crate) fn write_envelope<'a>(
     }
 }
 
-/// Writes the envelope of the most common record, an `f64` value with one
-/// certain prior: a backup of a large key space writes one per changed key,
-/// so it is written piece by piece in pieces of a constant size (which
-/// compile to a few moves, where a copy of a computed length is a call to
-/// `memcpy`) after one reservation.
+/// Writes the envelope of the most common records, `N` `f64`s (a number, or
+/// a number and the one it carries) with one certain prior: a backup of a
+/// large key space writes one per changed key, so it is written piece by
+/// piece in pieces of a constant size (which compile to a few moves, where a
+/// copy of a computed length is a call to `memcpy`) after one reservation.
+/// The numbers' payload is theirs one after another, little-endian.
 #[inline]
-pub(crate) fn write_f64_envelope(out: &mut Vec<u8>, seq: u64, value: f64, prior: Option<f64>) {
+pub(crate) fn write_f64s_envelope<const N: usize>(
+    out: &mut Vec<u8>,
+    seq: u64,
+    value: [f64; N],
+    prior: Option<[f64; N]>,
+) {
     // Version, a varint of at most 10 bytes, the value's slot, the priors'
     // count and sequence, the prior's slot.
-    out.reserve(1 + 10 + 10 + 2 + 10);
+    out.reserve(1 + 10 + (2 + 8 * N) + 2 + (2 + 8 * N));
     out.push(ENVELOPE_VERSION);
     let mut rest = seq;
     while rest >= 0x80 {
@@ -203,22 +209,23 @@ pub(crate) fn write_f64_envelope(out: &mut Vec<u8>, seq: u64, value: f64, prior:
         rest >>= 7;
     }
     out.push(rest as u8);
-    put_f64_slot(out, value);
+    put_f64s_slot(out, value);
     out.extend_from_slice(&[1, CERTAIN as u8]);
     match prior {
-        Some(prior) => put_f64_slot(out, prior),
+        Some(prior) => put_f64s_slot(out, prior),
         None => out.push(0),
     }
 }
 
 #[inline]
-fn put_f64_slot(out: &mut Vec<u8>, value: f64) {
-    out.extend_from_slice(&[F64_SLOT_LEN, ENCODING_VERSION]);
-    out.extend_from_slice(&value.to_le_bytes());
+fn put_f64s_slot<const N: usize>(out: &mut Vec<u8>, numbers: [f64; N]) {
+    // A slot's length is its bytes + 1: the version byte and the numbers.
+    let length = (1 + 8 * N + 1) as u8;
+    out.extend_from_slice(&[length, ENCODING_VERSION]);
+    for number in numbers {
+        out.extend_from_slice(&number.to_le_bytes());
+    }
 }
-
-/// The slot length of a versioned `f64`: its 9 bytes + 1.
-const F64_SLOT_LEN: u8 = 10;
 
 #[inline]
 fn put_varint(out: &mut Vec<u8>, mut value: u64) {
@@ -383,13 +390,40 @@ mod tests {
         for seq in [0, 1, 127, 128, 300, 1 << 40, u64::MAX] {
             for prior in [None, Some(-2.5)] {
                 let mut fast = Vec::new();
-                write_f64_envelope(&mut fast, seq, 1.25, prior);
+                write_f64s_envelope(&mut fast, seq, [1.25], prior.map(|p| [p]));
                 let general = LoggedValue {
                     seq,
                     value: Some(bytes(1.25)),
                     priors: [Prior {
                         seq: CERTAIN,
                         value: prior.map(bytes),
+                    }]
+                    .into_iter()
+                    .collect(),
+                };
+                assert_eq!(
+                    fast.as_slice(),
+                    general.encode().as_slice(),
+                    "seq {seq}, prior {prior:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_pair_record_is_laid_out_as_the_general_envelope() {
+        use crate::entry::encode_f64_pair;
+        let pair = encode_f64_pair;
+        for seq in [1, 128, u64::MAX] {
+            for prior in [None, Some([-2.5, 7.0])] {
+                let mut fast = Vec::new();
+                write_f64s_envelope(&mut fast, seq, [1.25, 3.5], prior);
+                let general = LoggedValue {
+                    seq,
+                    value: Some(pair(1.25, 3.5)),
+                    priors: [Prior {
+                        seq: CERTAIN,
+                        value: prior.map(|[a, b]| pair(a, b)),
                     }]
                     .into_iter()
                     .collect(),

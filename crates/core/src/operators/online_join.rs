@@ -15,20 +15,34 @@
 //!
 //! Divergence: the difference in sampled-tuple count (L1 over the counts); α = 1,
 //! β = 1 (an estimate is emitted every `emit_every` items).
+//!
+//! State: one table from (key, side) to the sampled count, each carrying the
+//! side's value sum ([`TrackedTable::with_carried`]). A key's sum changes
+//! exactly when its count does, so the count's drift decides when both are
+//! written, in one changelog record (structure tag 3). Changelogs written
+//! before kept them as two tables (tags 1 and 2, one record each); a restore
+//! still reads those, and applies them before the records of tag 3, which are
+//! newer wherever both hold a key. A backup writes every key changed since
+//! it was last written (no θ is set on the table): the join's drift comes one
+//! sampled tuple at a time, spread over many keys, so writing only the
+//! largest drifts down to θ/2 would write as many records in twice as many
+//! backups.
 
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::batch::BackupBatch;
-use crate::entry::BackupEntry;
+use crate::entry::{decode_f64, BackupEntry, MARKER_TAG};
 use crate::error::CoreError;
-use crate::operator::{
-    acknowledge_all, fail_all, restore_all, AnalysisConstants, BackupScope, Operator, ProcessError, Rejected,
-};
-use crate::structures::{Norm, Tracked, TrackedTable};
+use crate::operator::{AnalysisConstants, BackupScope, Operator, ProcessError, Rejected};
+use crate::structures::{Norm, TableKey, Tracked, TrackedTable};
 
-const COUNTS: u8 = 1;
-const SUMS: u8 = 2;
+/// (key, side) → sampled count, carrying the side's value sum.
+const PAIRS: u8 = 3;
+/// Changelogs written before the pairs: (key, side) → sampled count.
+const LEGACY_COUNTS: u8 = 1;
+/// Changelogs written before the pairs: (key, side) → sum of sampled values.
+const LEGACY_SUMS: u8 = 2;
 const Z95: f64 = 1.959_963_984_540_054;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -88,10 +102,8 @@ pub struct JoinEstimate {
 #[derive(Clone, Debug)]
 pub struct OnlineJoin {
     config: JoinConfig,
-    /// (key, side) → sampled tuples.
-    counts: TrackedTable<(u64, u8)>,
-    /// (key, side) → sum of sampled values.
-    sums: TrackedTable<(u64, u8)>,
+    /// (key, side) → sampled tuples, carrying the sum of their values.
+    pairs: TrackedTable<(u64, u8)>,
     raw_count: f64,
     raw_sum: f64,
     raw_variance: f64,
@@ -113,8 +125,7 @@ impl OnlineJoin {
         }
         Ok(OnlineJoin {
             config,
-            counts: TrackedTable::new(COUNTS, Norm::L1),
-            sums: TrackedTable::new(SUMS, Norm::L1),
+            pairs: TrackedTable::with_carried(PAIRS, Norm::L1),
             raw_count: 0.0,
             raw_sum: 0.0,
             raw_variance: 0.0,
@@ -151,14 +162,12 @@ impl OnlineJoin {
 
     fn recompute_estimates(&mut self) {
         let (mut count, mut sum, mut variance, mut sampled) = (0.0, 0.0, 0.0, 0.0);
-        for (&(key, side), a) in self.counts.iter() {
+        for (&(key, side), a, sa) in self.pairs.iter_pairs() {
             sampled += a;
             if side != Side::Left.code() {
                 continue;
             }
-            let b = self.counts.get(&(key, Side::Right.code())).unwrap_or(0.0);
-            let sa = self.sums.get(&(key, Side::Left.code())).unwrap_or(0.0);
-            let sb = self.sums.get(&(key, Side::Right.code())).unwrap_or(0.0);
+            let (b, sb) = self.pairs.get_pair(&(key, Side::Right.code())).unwrap_or((0.0, 0.0));
             count += a * b;
             sum += sa * b + a * sb;
             variance += self.key_variance(a, b);
@@ -183,11 +192,9 @@ impl Operator for OnlineJoin {
                 Side::Left => (Side::Left.code(), Side::Right.code()),
                 Side::Right => (Side::Right.code(), Side::Left.code()),
             };
-            let before = self.counts.get(&(tuple.key, mine)).unwrap_or(0.0);
-            let other_count = self.counts.get(&(tuple.key, other)).unwrap_or(0.0);
-            let other_sum = self.sums.get(&(tuple.key, other)).unwrap_or(0.0);
-            self.counts.add(&(tuple.key, mine), 1.0)?;
-            self.sums.add(&(tuple.key, mine), tuple.value)?;
+            let (other_count, other_sum) = self.pairs.get_pair(&(tuple.key, other)).unwrap_or((0.0, 0.0));
+            let (count, _) = self.pairs.add_pair(&(tuple.key, mine), 1.0, tuple.value)?;
+            let before = count - 1.0;
             self.raw_count += other_count;
             self.raw_sum += tuple.value * other_count + other_sum;
             self.raw_variance += self.key_variance(before + 1.0, other_count) - self.key_variance(before, other_count);
@@ -203,35 +210,45 @@ impl Operator for OnlineJoin {
 
     #[inline]
     fn divergence(&self) -> f64 {
-        self.counts.divergence()
+        self.pairs.divergence()
     }
 
     fn norm(&self) -> Norm {
         Norm::L1
     }
 
+    /// No θ on the table: a backup writes every key changed since it was last
+    /// written (see the module docs).
     fn set_theta(&mut self, _theta: f64) {}
 
     fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut BackupBatch) {
-        // A key's sum changes exactly when its count does, so the sums drift
-        // where the counts drift and follow the counts' scope: a backup for l
-        // within θ leaves both unwritten (a sum is then off by at most the
-        // largest value times its count's drift), and a drifted one writes
-        // both.
-        self.counts.backup(seq, scope, out);
-        self.sums.backup(seq, scope, out);
+        // A backup for l within θ leaves the pairs unwritten: a sum is then
+        // off by at most the largest value times its count's drift.
+        self.pairs.backup(seq, scope, out);
     }
 
     fn acknowledge_backup(&mut self, seq: u64) {
-        acknowledge_all(&mut [&mut self.counts, &mut self.sums], seq);
+        self.pairs.acknowledge(seq);
     }
 
     fn fail_backup(&mut self, seq: u64) {
-        fail_all(&mut [&mut self.counts, &mut self.sums], seq);
+        self.pairs.fail(seq);
     }
 
     fn restore(&mut self, entries: &[BackupEntry]) -> Result<(), CoreError> {
-        restore_all(&mut [&mut self.counts, &mut self.sums], entries)?;
+        // The two tables of older changelogs first: a pair record of a key
+        // is newer than either of its records there.
+        for entry in entries {
+            let tag = entry.tag()?;
+            match tag {
+                LEGACY_COUNTS | LEGACY_SUMS => self.restore_legacy(tag, entry)?,
+                PAIRS | MARKER_TAG => {}
+                _ => return Err(unknown_tag(tag)),
+            }
+        }
+        for entry in entries.iter().filter(|entry| entry.tag().ok() == Some(PAIRS)) {
+            self.pairs.restore(entry)?;
+        }
         self.recompute_estimates();
         Ok(())
     }
@@ -241,8 +258,33 @@ impl Operator for OnlineJoin {
     }
 
     fn distance(&self, other: &Self) -> f64 {
-        self.counts.distance(&other.counts)
+        self.pairs.distance(&other.pairs)
     }
+}
+
+impl OnlineJoin {
+    /// A record of the count or the sum table of a changelog written before
+    /// the pairs. A deletion sets zero, or nothing for a key not held.
+    fn restore_legacy(&mut self, tag: u8, entry: &BackupEntry) -> Result<(), CoreError> {
+        let key = <(u64, u8)>::read_key(entry.key_body())?;
+        let number = match entry.value.as_deref() {
+            Some(bytes) => decode_f64(bytes)?,
+            None if self.pairs.get_pair(&key).is_none() => return Ok(()),
+            None => 0.0,
+        };
+        if tag == LEGACY_COUNTS {
+            self.pairs.restore_value(&key, number)
+        } else {
+            self.pairs.restore_carried(&key, number)
+        }
+    }
+}
+
+fn unknown_tag(tag: u8) -> CoreError {
+    CoreError::undecodable(
+        "entry key",
+        format!("structure tag {tag} belongs to no structure of the online join"),
+    )
 }
 
 /// The exact COUNT and SUM of the join of a finite stream, for accuracy checks.
@@ -326,6 +368,73 @@ mod tests {
         restored.restore(&entries.entries().unwrap()).unwrap();
         assert_eq!(restored.estimate(), JoinEstimate { ..est });
         assert_eq!(join.distance(&restored), 0.0);
+    }
+
+    #[test]
+    fn a_sampled_key_and_side_is_one_record_with_its_count_and_sum() {
+        let data = stream(400, 50);
+        let mut join = OnlineJoin::new(JoinConfig {
+            sampling_rate: 1.0,
+            emit_every: 1000,
+        })
+        .unwrap();
+        for t in &data {
+            join.process(t, &mut Vec::new()).unwrap();
+        }
+        let mut records = BackupBatch::new(1);
+        join.backup(1, BackupScope::Complete, &mut records);
+        // 50 keys, both sides sampled in each.
+        assert_eq!(records.len(), 100);
+        let mut restored = OnlineJoin::new(JoinConfig::default()).unwrap();
+        restored.restore(&records.entries().unwrap()).unwrap();
+        let (count, sum) = exact_join(&data);
+        let p2 = JoinConfig::default().sampling_rate.powi(2);
+        assert_eq!(restored.estimate().count * p2, count, "the counts came back");
+        assert!(
+            (restored.estimate().sum * p2 - sum).abs() < 1e-6 * sum,
+            "the sums came back"
+        );
+    }
+
+    #[test]
+    fn a_changelog_of_separate_count_and_sum_tables_still_restores() {
+        use crate::entry::{encode_f64, entry_key};
+        let data = stream(2000, 20);
+        let mut join = OnlineJoin::new(JoinConfig::default()).unwrap();
+        for t in &data {
+            join.process(t, &mut Vec::new()).unwrap();
+        }
+        // What a build before the pairs logged: a count record (tag 1) and a
+        // sum record (tag 2) per key and side.
+        let mut legacy = Vec::new();
+        for (key, count, sum) in join.pairs.iter_pairs() {
+            let mut body = Vec::new();
+            key.write_key(&mut body);
+            legacy.push(BackupEntry::new(
+                entry_key(LEGACY_COUNTS, &body),
+                Some(encode_f64(count)),
+            ));
+            legacy.push(BackupEntry::new(entry_key(LEGACY_SUMS, &body), Some(encode_f64(sum))));
+        }
+        let mut restored = OnlineJoin::new(JoinConfig::default()).unwrap();
+        restored.restore(&legacy).unwrap();
+        let mut pairs = BackupBatch::new(1);
+        join.clone().backup(1, BackupScope::Complete, &mut pairs);
+        let mut from_pairs = OnlineJoin::new(JoinConfig::default()).unwrap();
+        from_pairs.restore(&pairs.entries().unwrap()).unwrap();
+        assert_eq!(restored.estimate(), from_pairs.estimate());
+        assert_eq!(join.distance(&restored), 0.0);
+        // A pair record written since supersedes them, wherever it stands.
+        let (&(key, side), count, sum) = join.pairs.iter_pairs().next().unwrap();
+        let mut newer = BackupBatch::new(9);
+        let mut later = join.clone();
+        later.pairs.add_pair(&(key, side), 1.0, 5.0).unwrap();
+        later.backup(9, BackupScope::Drifted, &mut newer);
+        let mut mixed = newer.entries().unwrap();
+        mixed.extend(legacy);
+        let mut restored = OnlineJoin::new(JoinConfig::default()).unwrap();
+        restored.restore(&mixed).unwrap();
+        assert_eq!(restored.pairs.get_pair(&(key, side)), Some((count + 1.0, sum + 5.0)));
     }
 
     #[test]

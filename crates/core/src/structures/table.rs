@@ -1,4 +1,13 @@
 //! A hash table from keys to numbers.
+//!
+//! A table may carry a second number beside each key's value
+//! ([`TrackedTable::with_carried`]): an operator's sum beside its count. It is
+//! written in the same changelog record as the value and restored with it,
+//! and the divergence does not count it. That holds only while it changes
+//! together with the value: the value's drift decides when a key is written,
+//! so a carried number that moved alone could stay unwritten past any bound.
+//! Writing the two as one record halves a backup's records, and their key is
+//! looked up once.
 
 use std::borrow::Borrow;
 use std::hash::Hash;
@@ -10,7 +19,7 @@ use super::store::KeyStore;
 use super::BackupScope;
 use super::{check_tag, Norm, Tracked};
 use crate::batch::BackupBatch;
-use crate::entry::{decode_f64, BackupEntry};
+use crate::entry::{decode_f64, decode_f64_pair, BackupEntry};
 use crate::error::CoreError;
 
 /// A key a [`TrackedTable`] can write into a backup entry and read back.
@@ -78,6 +87,17 @@ pub struct TrackedTable<K: TableKey> {
     keys: Vec<Option<K>>,
     slots: DriftSlots,
     store: Option<StoreBacking>,
+    /// Per slot, the carried number (see the module docs); `None` for a table
+    /// of plain numbers.
+    carried: Option<Vec<Carried>>,
+}
+
+/// A carried number: its live value, and what the last backup issued that
+/// wrote its key held (the prior of its next record).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Carried {
+    live: f64,
+    backed: f64,
 }
 
 struct StoreBacking {
@@ -98,6 +118,7 @@ impl<K: TableKey> Clone for TrackedTable<K> {
                 resident_budget: backing.resident_budget,
                 key_bytes: Vec::new(),
             }),
+            carried: self.carried.clone(),
         }
     }
 }
@@ -120,6 +141,18 @@ impl<K: TableKey> TrackedTable<K> {
             keys: Vec::new(),
             slots: DriftSlots::new(norm, 0),
             store: None,
+            carried: None,
+        }
+    }
+
+    /// A table whose every key carries a second number, written and restored
+    /// with its value and not counted in the divergence; it must change only
+    /// when the value does (see the module docs). Kept in memory: such a table
+    /// has no store.
+    pub fn with_carried(tag: u8, norm: Norm) -> Self {
+        TrackedTable {
+            carried: Some(Vec::new()),
+            ..Self::new(tag, norm)
         }
     }
 
@@ -179,6 +212,12 @@ impl<K: TableKey> TrackedTable<K> {
             Some(reused) => *reused = Some(owned.clone()),
             None => self.keys.push(Some(owned.clone())),
         }
+        if let Some(carried) = &mut self.carried {
+            match carried.get_mut(slot as usize) {
+                Some(reused) => *reused = Carried::default(),
+                None => carried.push(Carried::default()),
+            }
+        }
         self.index.insert(owned, slot);
         Ok(slot)
     }
@@ -194,6 +233,74 @@ impl<K: TableKey> TrackedTable<K> {
         let slot = self.slot_of(key)?;
         self.slots.add(slot, delta);
         Ok(self.slots.get(slot))
+    }
+
+    /// A table with a carried number: adds `delta` to the value of `key` and
+    /// `carried_delta` to its carried number, and returns both. A table
+    /// without one adds to the value alone and returns 0 for the other.
+    #[inline]
+    pub fn add_pair<Q>(&mut self, key: &Q, delta: f64, carried_delta: f64) -> Result<(f64, f64), CoreError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let slot = self.slot_of(key)?;
+        self.slots.add(slot, delta);
+        let carried = match &mut self.carried {
+            Some(carried) => {
+                let number = &mut carried[slot as usize].live;
+                *number += carried_delta;
+                *number
+            }
+            None => 0.0,
+        };
+        Ok((self.slots.get(slot), carried))
+    }
+
+    /// The value of `key` and its carried number (0 in a table without
+    /// one), if the key is in memory.
+    pub fn get_pair<Q>(&self, key: &Q) -> Option<(f64, f64)>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.index
+            .get(key)
+            .map(|&slot| (self.slots.get(slot), self.carried_of(slot)))
+    }
+
+    fn carried_of(&self, slot: u32) -> f64 {
+        self.carried.as_ref().map_or(0.0, |carried| carried[slot as usize].live)
+    }
+
+    /// The keys in memory with their values and carried numbers.
+    pub fn iter_pairs(&self) -> impl Iterator<Item = (&K, f64, f64)> + '_ {
+        self.keys
+            .iter()
+            .zip(self.slots.values())
+            .enumerate()
+            .filter_map(|(slot, (key, value))| key.as_ref().map(|key| (key, value, self.carried_of(slot as u32))))
+    }
+
+    /// Sets the value of `key` from a backup, its carried number unchanged:
+    /// for reading a changelog written before the two shared a record.
+    pub fn restore_value(&mut self, key: &K, value: f64) -> Result<(), CoreError> {
+        let slot = self.slot_of(key)?;
+        self.slots.restore(slot, value);
+        Ok(())
+    }
+
+    /// Sets the carried number of `key` from a backup, its value unchanged;
+    /// see [`TrackedTable::restore_value`]. A table without one ignores it.
+    pub fn restore_carried(&mut self, key: &K, carried: f64) -> Result<(), CoreError> {
+        let slot = self.slot_of(key)?;
+        if let Some(all) = &mut self.carried {
+            all[slot as usize] = Carried {
+                live: carried,
+                backed: carried,
+            };
+        }
+        Ok(())
     }
 
     pub fn set<Q>(&mut self, key: &Q, value: f64) -> Result<(), CoreError>
@@ -348,13 +455,20 @@ impl<K: TableKey> Tracked for TrackedTable<K> {
 
     fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut BackupBatch) {
         let keys = &self.keys;
-        for written in self.slots.backup(seq, scope) {
-            let key = |bytes: &mut Vec<u8>| {
-                if let Some(k) = &keys[written.index as usize] {
-                    k.write_key(bytes);
-                }
-            };
-            out.push_f64(self.tag, key, written.value, written.prior);
+        let written = self.slots.backup(seq, scope);
+        let Some(carried) = &mut self.carried else {
+            for written in written {
+                let key = |bytes: &mut Vec<u8>| write_key_of(keys, written.index, bytes);
+                out.push_f64(self.tag, key, written.value, written.prior);
+            }
+            return;
+        };
+        for written in written {
+            let number = &mut carried[written.index as usize];
+            let prior = written.prior.map(|prior| [prior, number.backed]);
+            number.backed = number.live;
+            let key = |bytes: &mut Vec<u8>| write_key_of(keys, written.index, bytes);
+            out.push_f64s(self.tag, key, [written.value, number.live], prior);
         }
     }
 
@@ -369,14 +483,22 @@ impl<K: TableKey> Tracked for TrackedTable<K> {
     fn restore(&mut self, entry: &BackupEntry) -> Result<(), CoreError> {
         check_tag(entry, self.tag)?;
         let key = K::read_key(entry.key_body())?;
-        let value = match &entry.value {
-            Some(bytes) => decode_f64(bytes)?,
+        let (value, carried) = match &entry.value {
+            Some(bytes) if self.carried.is_some() => decode_f64_pair(bytes)?,
+            Some(bytes) => (decode_f64(bytes)?, 0.0),
             // A deletion of a key this table never held leaves no key behind.
             None if !self.index.contains_key(&key) => return Ok(()),
-            None => 0.0,
+            None => (0.0, 0.0),
         };
-        let slot = self.slot_of(&key)?;
-        self.slots.restore(slot, value);
-        Ok(())
+        self.restore_value(&key, value)?;
+        self.restore_carried(&key, carried)
+    }
+}
+
+/// Writes the key of `slot` (nothing for an evicted one, which no backup
+/// writes).
+fn write_key_of<K: TableKey>(keys: &[Option<K>], slot: u32, bytes: &mut Vec<u8>) {
+    if let Some(key) = &keys[slot as usize] {
+        key.write_key(bytes);
     }
 }
