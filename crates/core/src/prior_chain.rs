@@ -35,8 +35,13 @@ use super::entry::{EntryBytes, PayloadReader};
 use super::error::CoreError;
 use super::logged::{LoggedValue, Prior, Priors, CERTAIN};
 
-/// Backup buffers kept for reuse: about as many as backups in flight.
-const SPARE_BATCHES: usize = 4;
+/// Backup buffers kept for reuse. Against a broker whose round trip is long
+/// next to the backups' pace, hundreds of backups are in flight; a backup's
+/// buffers taken new grow by doubling, several reallocations a backup, so
+/// up to this many are kept, each up to `SPARE_BYTES` (a complete backup's
+/// buffer is let go): at most 1 MiB a task.
+const SPARE_BATCHES: usize = 32;
+const SPARE_BYTES: usize = 32 << 10;
 
 /// The priors of the keys whose latest writes may or may not be in the log
 /// (see the module docs): the driver hands it each backup it sends and tells
@@ -279,7 +284,7 @@ impl PriorChain {
     /// Keeps a few buffers for the next backups, not every one a burst of
     /// failures or a large final backup left.
     fn recycle(&mut self, batch: BackupBatch) {
-        if self.spare.len() < SPARE_BATCHES {
+        if self.spare.len() < SPARE_BATCHES && batch.capacity() <= SPARE_BYTES {
             self.spare.push(batch);
         }
     }

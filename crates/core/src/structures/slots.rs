@@ -101,7 +101,15 @@ pub struct DriftSlots {
     /// The dirty slots and their norm terms while a drifted backup ranks them,
     /// kept to reuse its buffer.
     ranked: Vec<(u32, f64)>,
+    /// Buffers of acknowledged backups' slots, for reuse (see `recycle`).
+    spare: Vec<Vec<Written>>,
 }
+
+/// Buffers of done backups kept for reuse: hundreds of backups may be in
+/// flight, and a buffer allocated and freed each backup showed in the
+/// profile of a backup every few dozen items; a complete backup's is let go.
+const SPARE_BUFFERS: usize = 32;
+const SPARE_WRITTEN: usize = 2048;
 
 /// A slot as the local store keeps it: the live value, and while it differs from
 /// (or may differ from) the last acknowledged backup, what drift tracking needs to
@@ -141,6 +149,7 @@ impl DriftSlots {
             pressure: false,
             scratch: Vec::new(),
             ranked: Vec::new(),
+            spare: Vec::new(),
         }
     }
 
@@ -440,7 +449,8 @@ impl DriftSlots {
         }
         // The baseline moves now: the next backup is measured from this one (see
         // the module docs for why that holds while it is in flight).
-        let mut values = Vec::with_capacity(indices.len());
+        let mut values = self.spare.pop().unwrap_or_default();
+        values.reserve(indices.len());
         for &index in &indices {
             let prior = self.has(index, PRESENT).then(|| self.slots[index as usize].backed);
             let value = self.slots[index as usize].live;
@@ -565,9 +575,17 @@ impl DriftSlots {
     pub fn acknowledge(&mut self, seq: u64) {
         while self.pending.front().is_some_and(|p| p.seq <= seq) {
             let Some(done) = self.pending.pop_front() else { break };
-            for written in done.values {
+            for written in &done.values {
                 self.mark_changed(written.index);
             }
+            self.recycle(done.values);
+        }
+    }
+
+    fn recycle(&mut self, mut values: Vec<Written>) {
+        if self.spare.len() < SPARE_BUFFERS && values.capacity() <= SPARE_WRITTEN {
+            values.clear();
+            self.spare.push(values);
         }
     }
 
@@ -602,13 +620,14 @@ impl DriftSlots {
         // The store may hold what the failed backup wrote (a timed-out write can
         // still land) or what was there before it, so every slot it wrote is owed
         // again, even one whose drift from the baseline is now small.
-        for Written { index, .. } in failed.values {
+        for &Written { index, .. } in &failed.values {
             self.mark_changed(index);
             self.owe(index);
             if self.norm != Norm::Max {
                 self.mark_dirty(index);
             }
         }
+        self.recycle(failed.values);
     }
 
     /// Sets a slot from a backup: live and backed agree, so it adds no divergence.
