@@ -11,6 +11,7 @@
 //!
 //! Operators are built from these; so can a user's own operator be.
 
+mod prefetch;
 mod set;
 mod slots;
 mod store;

@@ -14,6 +14,7 @@
 
 use std::collections::VecDeque;
 
+use super::prefetch::{prefetch, AHEAD};
 use super::BackupScope;
 use super::Norm;
 
@@ -451,7 +452,11 @@ impl DriftSlots {
         // the module docs for why that holds while it is in flight).
         let mut values = self.spare.pop().unwrap_or_default();
         values.reserve(indices.len());
-        for &index in &indices {
+        for (position, &index) in indices.iter().enumerate() {
+            if let Some(&ahead) = indices.get(position + AHEAD) {
+                prefetch(&self.slots, ahead as usize);
+                prefetch(&self.flags, ahead as usize);
+            }
             let prior = self.has(index, PRESENT).then(|| self.slots[index as usize].backed);
             let value = self.slots[index as usize].live;
             self.rebase(index);
@@ -491,6 +496,10 @@ impl DriftSlots {
         ranked.clear();
         for position in 0..self.dirty.len() {
             let index = self.dirty[position];
+            if let Some(&ahead) = self.dirty.get(position + AHEAD) {
+                prefetch(&self.slots, ahead as usize);
+                prefetch(&self.flags, ahead as usize);
+            }
             // A restore or an owed-only backup may have cleaned a slot that is
             // still listed, and a slot cleaned so and changed again is listed
             // twice: taking the flag ranks each slot once.
