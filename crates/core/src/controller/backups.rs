@@ -49,6 +49,11 @@ impl TaskController {
     /// in the order they were taken, each once the outputs before it are
     /// acknowledged.
     pub(super) fn send_when_outputs_done(&mut self, actions: &mut Vec<Action>) {
+        // Called for every output acknowledged; nearly always every open
+        // backup is sent already (the sent ones are a prefix).
+        if self.open.back().is_none_or(|o| o.sent) {
+            return;
+        }
         let first_unsent = self.open.partition_point(|o| o.sent);
         for index in first_unsent..self.open.len() {
             let open = self.open[index];
