@@ -14,6 +14,10 @@
 
 use std::collections::VecDeque;
 
+mod heaviest;
+
+use heaviest::ColdSlots;
+
 use super::prefetch::{prefetch, AHEAD};
 use super::BackupScope;
 use super::Norm;
@@ -25,6 +29,7 @@ const OWED: u8 = 8; // written by a backup that failed (or in flight at a crash)
 const CHANGED: u8 = 16; // store-backed: changed since it was last staged for the local store
 const PINNED: u8 = 32; // store-backed, transient: held by a backup in flight
 const FREE: u8 = 64; // store-backed: evicted; the index waits for reuse
+const COLD: u8 = 128; // dirty, left unwritten by a drifted backup (L1, L2): see `heaviest`
 
 /// How far a drifted backup takes the divergence. Max difference: a backup
 /// writes every slot whose drift exceeds this share of θ, not only those over θ.
@@ -35,16 +40,6 @@ const FREE: u8 = 64; // store-backed: evicted; the index waits for reuse
 /// next one is θ/2 of drift away; the state a marker logs is within θ of the
 /// live one all the same, since a backup goes out whenever it passes θ.
 const WRITE_FRACTION: f64 = 0.5;
-
-/// Drift classes for ranking a backup's candidates: binary orders of magnitude
-/// from 2^-64 up, the smaller in the first, the larger in the last.
-const DRIFT_CLASSES: usize = 128;
-
-/// The class of a drift's norm term: its binary exponent, clamped to the classes.
-fn drift_class(term: f64) -> usize {
-    let exponent = ((term.to_bits() >> 52) & 0x7ff) as i64 - 1023;
-    (exponent + 64).clamp(0, DRIFT_CLASSES as i64 - 1) as usize
-}
 
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Slot {
@@ -104,6 +99,8 @@ pub struct DriftSlots {
     ranked: Vec<(u32, f64)>,
     /// Buffers of acknowledged backups' slots, for reuse (see `recycle`).
     spare: Vec<Vec<Written>>,
+    /// The dirty slots the last drifted backups left unwritten (L1, L2).
+    cold: ColdSlots,
 }
 
 /// Buffers of done backups kept for reuse: hundreds of backups may be in
@@ -151,6 +148,7 @@ impl DriftSlots {
             scratch: Vec::new(),
             ranked: Vec::new(),
             spare: Vec::new(),
+            cold: ColdSlots::default(),
         }
     }
 
@@ -219,13 +217,14 @@ impl DriftSlots {
         let backed = slot.backed;
         match self.norm {
             Norm::L1 => {
-                self.sum += (value - backed).abs() - (old - backed).abs();
-                self.mark_dirty(index);
+                let old_term = (old - backed).abs();
+                self.sum += (value - backed).abs() - old_term;
+                self.mark_dirty_from(index, old_term);
             }
             Norm::L2 => {
                 let (before, after) = (old - backed, value - backed);
                 self.sum += after * after - before * before;
-                self.mark_dirty(index);
+                self.mark_dirty_from(index, before * before);
             }
             Norm::KeyCount => self.mark_dirty(index),
             Norm::Max => {
@@ -269,6 +268,19 @@ impl DriftSlots {
                 *flags |= CHANGED;
                 self.changed.push(index);
             }
+        }
+    }
+
+    /// L1 and L2: as `mark_dirty`, for a slot whose term was `old_term`; a
+    /// cold slot turns hot (see `heaviest`).
+    #[inline]
+    fn mark_dirty_from(&mut self, index: u32, old_term: f64) {
+        let flags = self.flags[index as usize];
+        if flags & DIRTY == 0 {
+            self.flags[index as usize] |= DIRTY;
+            self.dirty.push(index);
+        } else if flags & COLD != 0 {
+            self.reheat(index, old_term);
         }
     }
 
@@ -401,10 +413,13 @@ impl DriftSlots {
             (_, BackupScope::Owed) => {
                 // The divergence is within θ: only what a failed write may have
                 // left in the store must go; the drifted slots stay dirty.
-                for index in self.owed.drain(..) {
+                for position in 0..self.owed.len() {
+                    let index = self.owed[position];
+                    self.forget_cold(index);
                     self.flags[index as usize] &= !(OWED | DIRTY);
                     indices.push(index);
                 }
+                self.owed.clear();
             }
             (Norm::Max, BackupScope::Drifted) => {
                 indices.extend_from_slice(&self.over);
@@ -446,6 +461,7 @@ impl DriftSlots {
                     }
                 }
                 self.dirty.clear();
+                self.take_all_cold(&mut indices);
             }
         }
         // The baseline moves now: the next backup is measured from this one (see
@@ -470,92 +486,6 @@ impl DriftSlots {
         }
         self.pending.push_back(Pending { seq, values });
         self.pending.back().map(|p| p.values.as_slice()).unwrap_or_default()
-    }
-
-    /// L1 and L2 with θ set: the owed slots, then the dirty slots of largest
-    /// drift until what stays unwritten is within θ·WRITE_FRACTION (see
-    /// `sum_within`); the rest stay dirty. A skewed stream's few hot keys carry
-    /// most of the drift, so this writes far fewer records than every change.
-    /// Drifts are ranked by binary order of magnitude (`drift_class`), not
-    /// sorted, and each record written removes at least half as much drift as
-    /// the best choice would. One pass over the dirty list reads each slot
-    /// once, takes its dirty flag (a slot listed twice is ranked once) and
-    /// keeps its term beside its index for the choice.
-    fn take_heaviest(&mut self, indices: &mut Vec<u32>) {
-        let mut remaining = self.sum;
-        for position in 0..self.owed.len() {
-            let index = self.owed[position];
-            self.flags[index as usize] &= !(OWED | DIRTY);
-            remaining -= self.norm_term(index);
-            indices.push(index);
-        }
-        self.owed.clear();
-        let target = self.sum_within(self.write_threshold());
-        let mut class_sums = [0.0f64; DRIFT_CLASSES];
-        let mut ranked = std::mem::take(&mut self.ranked);
-        ranked.clear();
-        for position in 0..self.dirty.len() {
-            let index = self.dirty[position];
-            if let Some(&ahead) = self.dirty.get(position + AHEAD) {
-                prefetch(&self.slots, ahead as usize);
-                prefetch(&self.flags, ahead as usize);
-            }
-            // A restore or an owed-only backup may have cleaned a slot that is
-            // still listed, and a slot cleaned so and changed again is listed
-            // twice: taking the flag ranks each slot once.
-            if self.has(index, DIRTY) {
-                self.flags[index as usize] &= !DIRTY;
-                let term = self.norm_term(index);
-                class_sums[drift_class(term)] += term;
-                ranked.push((index, term));
-            }
-        }
-        // Whole classes from the largest down; `cutoff` is the class taken in
-        // part, in list order. A sum that is not finite takes everything.
-        let mut cutoff = 0;
-        if remaining.is_finite() {
-            for class in (0..DRIFT_CLASSES).rev() {
-                if remaining - class_sums[class] <= target {
-                    cutoff = class;
-                    break;
-                }
-                remaining -= class_sums[class];
-            }
-        }
-        // What is not written stays dirty, in list order.
-        self.dirty.clear();
-        for &(index, term) in &ranked {
-            let class = drift_class(term);
-            let take = class > cutoff || (class == cutoff && remaining > target) || !remaining.is_finite();
-            if take {
-                if class == cutoff {
-                    remaining -= term;
-                }
-                indices.push(index);
-            } else {
-                self.flags[index as usize] |= DIRTY;
-                self.dirty.push(index);
-            }
-        }
-        self.ranked = ranked;
-    }
-
-    /// The slot's term of the running sum (|d| for L1, d² for L2).
-    fn norm_term(&self, index: u32) -> f64 {
-        let slot = self.slots[index as usize];
-        let drift = slot.live - slot.backed;
-        match self.norm {
-            Norm::L2 => drift * drift,
-            _ => drift.abs(),
-        }
-    }
-
-    /// The running sum at which the divergence is `divergence`.
-    fn sum_within(&self, divergence: f64) -> f64 {
-        match self.norm {
-            Norm::L2 => divergence * divergence,
-            _ => divergence,
-        }
     }
 
     /// Adds the owed slots that `indices` does not hold yet, and clears the
@@ -643,6 +573,7 @@ impl DriftSlots {
     /// Meant for a freshly built structure.
     pub fn restore(&mut self, index: u32, value: f64) {
         self.mark_changed(index);
+        self.forget_cold(index);
         let slot = &mut self.slots[index as usize];
         let old_drift = slot.live - slot.backed;
         slot.live = value;

@@ -395,3 +395,145 @@ fn a_slot_listed_twice_is_ranked_and_written_once() {
     assert_eq!(slots.divergence(), 3.0);
     assert_eq!(pairs(slots.backup(4, BackupScope::Complete)), vec![(2, 3.0)]);
 }
+
+#[test]
+fn the_slots_a_drifted_backup_leaves_are_ranked_again_only_once_changed() {
+    let mut slots = DriftSlots::new(Norm::L1, 5);
+    slots.set_theta(10.0);
+    for (index, drift) in [(0, 1.0), (1, 6.0), (2, 2.0), (3, -4.0), (4, 1.0)] {
+        slots.set(index, drift);
+    }
+    assert_eq!(indices(slots.backup(1, BackupScope::Drifted)), vec![1, 3]);
+    // 0, 2 and 4 stay dirty but cold: the next backup does not rank them.
+    assert!(slots.dirty.is_empty(), "listed again: {:?}", slots.dirty);
+    slots.set(2, 3.0);
+    assert_eq!(slots.dirty, vec![2], "a change makes a cold slot hot again");
+    // 1 + 3 + 1 = 5 of drift, within θ = 10: nothing is due, but a drifted
+    // backup writes the largest until θ/2 = 5 is left, which it already is.
+    assert!(slots.backup(2, BackupScope::Drifted).is_empty());
+    // Drift from both lists: 12 (slot 1) + 5 of the cold and hot ones.
+    slots.set(1, 18.0);
+    assert_eq!(indices(slots.backup(3, BackupScope::Drifted)), vec![1]);
+    assert_eq!(slots.divergence(), 5.0);
+    slots.set(4, 9.0);
+    // 1 (slot 0) + 3 (slot 2) + 9 (slot 4) = 13: writing 9 leaves 4.
+    assert_eq!(indices(slots.backup(4, BackupScope::Drifted)), vec![4]);
+    assert_eq!(indices(slots.backup(5, BackupScope::Complete)), vec![0, 2]);
+    assert_eq!(slots.divergence(), 0.0);
+}
+
+mod ranking {
+    //! Drifted, complete and owed-only backups over random changes, failures,
+    //! acknowledgements and restores, against a model of each slot's live
+    //! value and baseline kept from what the backups wrote.
+
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Add(u32, f64),
+        Backup(BackupScope),
+        Ack,
+        Fail,
+        Restore(u32, f64),
+    }
+
+    const SLOTS: u32 = 48;
+
+    fn ops() -> impl Strategy<Value = Vec<Op>> {
+        let scope = prop_oneof![
+            6 => Just(BackupScope::Drifted),
+            1 => Just(BackupScope::Complete),
+            1 => Just(BackupScope::Owed),
+        ];
+        prop::collection::vec(
+            prop_oneof![
+                12 => (0..SLOTS, -20.0..20.0f64).prop_map(|(i, d)| Op::Add(i, d.round())),
+                3 => scope.prop_map(Op::Backup),
+                1 => Just(Op::Ack),
+                1 => Just(Op::Fail),
+                1 => (0..SLOTS, -5.0..5.0f64).prop_map(|(i, v)| Op::Restore(i, v.round())),
+            ],
+            1..400,
+        )
+    }
+
+    fn distance(norm: Norm, live: &[f64], baseline: &[f64]) -> f64 {
+        let drifts = live.iter().zip(baseline).map(|(l, b)| (l - b).abs());
+        match norm {
+            Norm::L2 => drifts.map(|d| d * d).sum::<f64>().sqrt(),
+            _ => drifts.sum(),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, .. ProptestConfig::default() })]
+
+        #[test]
+        fn backups_leave_what_their_scope_allows(norm in prop_oneof![Just(Norm::L1), Just(Norm::L2)], theta in 5.0..200.0f64, ops in ops()) {
+            let mut slots = DriftSlots::new(norm, SLOTS as usize);
+            slots.set_theta(theta);
+            let mut live = vec![0.0; SLOTS as usize];
+            let mut baseline = vec![0.0; SLOTS as usize];
+            let mut in_flight: VecDeque<(u64, Vec<u32>)> = VecDeque::new();
+            let mut owed: Vec<u32> = Vec::new();
+            let mut seq = 0;
+            for op in &ops {
+                match *op {
+                    Op::Add(i, d) => {
+                        slots.add(i, d);
+                        live[i as usize] += d;
+                    }
+                    Op::Restore(i, v) => {
+                        slots.restore(i, v);
+                        live[i as usize] = v;
+                        baseline[i as usize] = v;
+                        owed.retain(|&o| o != i);
+                    }
+                    Op::Backup(scope) => {
+                        seq += 1;
+                        let before = distance(norm, &live, &baseline);
+                        let written = indices(slots.backup(seq, scope));
+                        let mut unique = written.clone();
+                        unique.dedup();
+                        prop_assert_eq!(&unique, &written, "a slot written twice");
+                        for &o in &owed {
+                            prop_assert!(written.contains(&o), "owed slot {} not written", o);
+                        }
+                        owed.clear();
+                        for &i in &written {
+                            baseline[i as usize] = live[i as usize];
+                        }
+                        let left = distance(norm, &live, &baseline);
+                        match scope {
+                            BackupScope::Complete => prop_assert_eq!(left, 0.0),
+                            BackupScope::Drifted => prop_assert!(
+                                left <= theta / 2.0 + 1e-9 * (1.0 + before),
+                                "{:?} left {} of {} against θ/2 = {}", norm, left, before, theta / 2.0
+                            ),
+                            BackupScope::Owed => {}
+                        }
+                        in_flight.push_back((seq, written));
+                    }
+                    Op::Ack => {
+                        if let Some((s, _)) = in_flight.pop_front() {
+                            slots.acknowledge(s);
+                        }
+                    }
+                    Op::Fail => {
+                        // The gapless changelog fails every write in flight.
+                        for (s, written) in in_flight.drain(..) {
+                            slots.fail(s);
+                            owed.extend(written);
+                        }
+                        owed.sort_unstable();
+                        owed.dedup();
+                    }
+                }
+                let truth = distance(norm, &live, &baseline);
+                prop_assert!((slots.divergence() - truth).abs() <= 1e-6 * (1.0 + truth), "{} vs {}", slots.divergence(), truth);
+            }
+        }
+    }
+}

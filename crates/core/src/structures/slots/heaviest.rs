@@ -1,0 +1,269 @@
+//! A drifted L1 or L2 backup: the largest drifts until what stays unwritten
+//! is within θ·WRITE_FRACTION.
+//!
+//! Drifts are ranked by binary order of magnitude (their *class*), not
+//! sorted: whole classes are taken from the largest down, and the class
+//! where the cut falls is taken in part, so each record written removes at
+//! least half as much drift as the best choice would.
+//!
+//! The slots a backup leaves unwritten are *cold*: still dirty, kept apart in
+//! a bucket per class with each class's sum, so that the next backup ranks
+//! only the slots changed since (the hot list) and reads a cold one only to
+//! take it. Every change to a cold slot makes it hot again and takes its
+//! term out of its class, so a cold slot's drift is what it was when it
+//! cooled: its class is the bucket's, and the buckets' sums with the hot
+//! list's are the sums a full ranking would find. Without this, every
+//! backup read every slot changed since it was last written (one random
+//! memory access each), though most stay unwritten backup after backup.
+//!
+//! A slot that leaves the cold state (changed, written as owed, restored)
+//! leaves its entry behind: an entry counts only while its slot is cold and
+//! its drift is still of the bucket's class, and a slot that cooled twice in
+//! one class is taken or kept once. A bucket holding more than twice its
+//! cold slots is compacted, so stale entries stay few.
+
+use super::{DriftSlots, COLD, DIRTY, OWED};
+use crate::structures::prefetch::{prefetch, AHEAD};
+use crate::structures::Norm;
+
+/// Drift classes for ranking a backup's candidates: binary orders of magnitude
+/// from 2^-64 up, the smaller in the first, the larger in the last.
+const DRIFT_CLASSES: usize = 128;
+
+/// A bucket is compacted when its entries exceed twice its cold slots and this.
+const STALE_SLACK: usize = 64;
+
+/// The class of a drift's norm term: its binary exponent, clamped to the classes.
+fn drift_class(term: f64) -> usize {
+    let exponent = ((term.to_bits() >> 52) & 0x7ff) as i64 - 1023;
+    (exponent + 64).clamp(0, DRIFT_CLASSES as i64 - 1) as usize
+}
+
+/// The cold slots by class (see the module docs).
+#[derive(Clone, Debug)]
+pub(super) struct ColdSlots {
+    buckets: Vec<Vec<u32>>,
+    /// Per class, the sum of its cold slots' terms.
+    sums: [f64; DRIFT_CLASSES],
+    /// Per class, how many slots are cold in it (its entries may be more).
+    counts: [usize; DRIFT_CLASSES],
+}
+
+impl Default for ColdSlots {
+    fn default() -> Self {
+        ColdSlots {
+            buckets: vec![Vec::new(); DRIFT_CLASSES],
+            sums: [0.0; DRIFT_CLASSES],
+            counts: [0; DRIFT_CLASSES],
+        }
+    }
+}
+
+impl DriftSlots {
+    /// L1 and L2 with θ set: the owed slots, then the dirty slots of largest
+    /// drift until what stays unwritten is within θ·WRITE_FRACTION (see
+    /// `sum_within`); the rest stay dirty, cold. A skewed stream's few hot
+    /// keys carry most of the drift, so this writes far fewer records than
+    /// every change.
+    pub(super) fn take_heaviest(&mut self, indices: &mut Vec<u32>) {
+        let mut remaining = self.sum;
+        for position in 0..self.owed.len() {
+            let index = self.owed[position];
+            self.forget_cold(index);
+            self.flags[index as usize] &= !(OWED | DIRTY);
+            remaining -= self.norm_term(index);
+            indices.push(index);
+        }
+        self.owed.clear();
+        let target = self.sum_within(self.write_threshold());
+        let mut class_sums = self.cold.sums;
+        let mut ranked = std::mem::take(&mut self.ranked);
+        ranked.clear();
+        self.rank_hot(&mut ranked, &mut class_sums);
+        let everything = !remaining.is_finite();
+        let cutoff = if everything {
+            0
+        } else {
+            cutoff_class(&class_sums, &mut remaining, target)
+        };
+        for &(index, term) in &ranked {
+            let class = drift_class(term);
+            let take = everything || class > cutoff || (class == cutoff && remaining > target);
+            if take {
+                if class == cutoff {
+                    remaining -= term;
+                }
+                indices.push(index);
+            } else {
+                self.cool(index, class, term);
+            }
+        }
+        self.ranked = ranked;
+        self.take_cold(indices, cutoff, &mut remaining, target, everything);
+    }
+
+    /// One pass over the hot list: reads each slot once, takes its dirty
+    /// flag (a slot listed twice is ranked once: a restore or an owed-only
+    /// backup may have cleaned a listed slot that changed again) and keeps
+    /// its term beside its index. The list is emptied.
+    fn rank_hot(&mut self, ranked: &mut Vec<(u32, f64)>, class_sums: &mut [f64; DRIFT_CLASSES]) {
+        for position in 0..self.dirty.len() {
+            let index = self.dirty[position];
+            if let Some(&ahead) = self.dirty.get(position + AHEAD) {
+                prefetch(&self.slots, ahead as usize);
+                prefetch(&self.flags, ahead as usize);
+            }
+            if self.has(index, DIRTY) {
+                self.flags[index as usize] &= !DIRTY;
+                let term = self.norm_term(index);
+                class_sums[drift_class(term)] += term;
+                ranked.push((index, term));
+            }
+        }
+        self.dirty.clear();
+    }
+
+    /// Takes the cold slots of the classes over `cutoff`, then those of the
+    /// cutoff class while more than `target` stays unwritten (every one when
+    /// `everything`).
+    fn take_cold(&mut self, indices: &mut Vec<u32>, cutoff: usize, remaining: &mut f64, target: f64, everything: bool) {
+        for class in (0..DRIFT_CLASSES).rev() {
+            if !everything && class < cutoff {
+                break;
+            }
+            if self.cold.buckets[class].is_empty() {
+                continue;
+            }
+            if everything || class > cutoff {
+                self.sift_bucket(class, |_| true, indices);
+            } else {
+                self.sift_bucket(
+                    class,
+                    |term| {
+                        let take = *remaining > target;
+                        if take {
+                            *remaining -= term;
+                        }
+                        take
+                    },
+                    indices,
+                );
+            }
+        }
+    }
+
+    /// Every cold slot, whatever its class: a backup that writes every dirty
+    /// slot.
+    pub(super) fn take_all_cold(&mut self, indices: &mut Vec<u32>) {
+        let mut remaining = 0.0;
+        self.take_cold(indices, 0, &mut remaining, 0.0, true);
+    }
+
+    /// Goes through the entries of class `class` in order: a cold slot of the
+    /// class is taken into `indices` when `take` says so for its term (it is
+    /// clean then) and stays otherwise; stale entries and repeats go. The
+    /// class's sum and count are set from what stays.
+    fn sift_bucket(&mut self, class: usize, mut take: impl FnMut(f64) -> bool, indices: &mut Vec<u32>) {
+        let mut bucket = std::mem::take(&mut self.cold.buckets[class]);
+        let (mut kept, mut sum) = (0, 0.0);
+        for position in 0..bucket.len() {
+            let index = bucket[position];
+            if let Some(&ahead) = bucket.get(position + AHEAD) {
+                prefetch(&self.slots, ahead as usize);
+                prefetch(&self.flags, ahead as usize);
+            }
+            if !self.has(index, COLD) {
+                continue;
+            }
+            let term = self.norm_term(index);
+            if drift_class(term) != class {
+                continue;
+            }
+            // Cold no more either way: a repeat of this slot further on is
+            // skipped; those kept turn cold again below.
+            self.flags[index as usize] &= !COLD;
+            if take(term) {
+                self.flags[index as usize] &= !DIRTY;
+                indices.push(index);
+            } else {
+                bucket[kept] = index;
+                kept += 1;
+                sum += term;
+            }
+        }
+        bucket.truncate(kept);
+        for &index in &bucket {
+            self.flags[index as usize] |= COLD;
+        }
+        self.cold.buckets[class] = bucket;
+        self.cold.sums[class] = sum;
+        self.cold.counts[class] = kept;
+    }
+
+    /// A ranked slot the backup leaves unwritten: dirty still, and cold.
+    fn cool(&mut self, index: u32, class: usize, term: f64) {
+        self.flags[index as usize] |= DIRTY | COLD;
+        let cold = &mut self.cold;
+        cold.buckets[class].push(index);
+        cold.sums[class] += term;
+        cold.counts[class] += 1;
+        if cold.buckets[class].len() > 2 * cold.counts[class] + STALE_SLACK {
+            self.sift_bucket(class, |_| false, &mut Vec::new());
+        }
+    }
+
+    /// A cold slot whose term was `term` changes: it is hot again, listed
+    /// and dirty; its entry goes stale.
+    #[cold]
+    pub(super) fn reheat(&mut self, index: u32, term: f64) {
+        self.leave_cold(index, term);
+        self.dirty.push(index);
+    }
+
+    /// A slot about to be written as owed or restored leaves the cold state,
+    /// if it is in it: its drift is still its cold term.
+    pub(super) fn forget_cold(&mut self, index: u32) {
+        if self.has(index, COLD) {
+            let term = self.norm_term(index);
+            self.leave_cold(index, term);
+        }
+    }
+
+    fn leave_cold(&mut self, index: u32, term: f64) {
+        self.flags[index as usize] &= !COLD;
+        let class = drift_class(term);
+        self.cold.sums[class] -= term;
+        self.cold.counts[class] = self.cold.counts[class].saturating_sub(1);
+    }
+
+    /// The slot's term of the running sum (|d| for L1, d² for L2).
+    pub(super) fn norm_term(&self, index: u32) -> f64 {
+        let slot = self.slots[index as usize];
+        let drift = slot.live - slot.backed;
+        match self.norm {
+            Norm::L2 => drift * drift,
+            _ => drift.abs(),
+        }
+    }
+
+    /// The running sum at which the divergence is `divergence`.
+    pub(super) fn sum_within(&self, divergence: f64) -> f64 {
+        match self.norm {
+            Norm::L2 => divergence * divergence,
+            _ => divergence,
+        }
+    }
+}
+
+/// The class taken in part: whole classes from the largest down are taken
+/// (their sums come off `remaining`) until taking the next would leave at
+/// most `target`.
+fn cutoff_class(class_sums: &[f64; DRIFT_CLASSES], remaining: &mut f64, target: f64) -> usize {
+    for class in (0..DRIFT_CLASSES).rev() {
+        if *remaining - class_sums[class] <= target {
+            return class;
+        }
+        *remaining -= class_sums[class];
+    }
+    0
+}
