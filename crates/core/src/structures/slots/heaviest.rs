@@ -86,6 +86,10 @@ impl DriftSlots {
         } else {
             cutoff_class(&class_sums, &mut remaining, target)
         };
+        // Of the class cut in part, the slots cold longest go first: a slot
+        // changed lately is the likelier to change again and be written
+        // twice.
+        self.take_cold(indices, cutoff, &mut remaining, target, everything);
         for &(index, term) in &ranked {
             let class = drift_class(term);
             let take = everything || class > cutoff || (class == cutoff && remaining > target);
@@ -99,7 +103,6 @@ impl DriftSlots {
             }
         }
         self.ranked = ranked;
-        self.take_cold(indices, cutoff, &mut remaining, target, everything);
     }
 
     /// One pass over the hot list: reads each slot once, takes its dirty

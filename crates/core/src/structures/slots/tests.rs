@@ -537,3 +537,18 @@ mod ranking {
         }
     }
 }
+
+#[test]
+fn of_the_class_cut_in_part_the_slots_cold_longest_go_first() {
+    let mut slots = DriftSlots::new(Norm::L1, 5);
+    slots.set_theta(4.0);
+    for (index, drift) in [(0, 1.0), (1, 1.0), (2, 1.0), (3, 3.0)] {
+        slots.set(index, drift);
+    }
+    // 6 of drift, θ/2 = 2: the 3, then one of the 1s; two 1s stay cold.
+    assert_eq!(indices(slots.backup(1, BackupScope::Drifted)), vec![0, 3]);
+    slots.set(4, 1.0);
+    // 3 of drift in one class: a slot cold since the last backup goes
+    // before the one changed since (the likelier to change again).
+    assert_eq!(indices(slots.backup(2, BackupScope::Drifted)), vec![1]);
+}
