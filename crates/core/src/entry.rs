@@ -114,17 +114,10 @@ pub fn encode_f64_pair(first: f64, second: f64) -> EntryBytes {
 
 /// Decodes a value written by [`encode_f64_pair`].
 pub fn decode_f64_pair(value: &[u8]) -> Result<(f64, f64), CoreError> {
-    let body = payload(value)?;
-    let bytes: [u8; 16] = body
-        .try_into()
-        .map_err(|_| CoreError::undecodable("f64 pair value", format!("{} bytes, expected 16", body.len())))?;
-    let (first, second) = bytes.split_at(8);
-    let number = |half: &[u8]| {
-        let mut eight = [0u8; 8];
-        eight.copy_from_slice(half);
-        f64::from_le_bytes(eight)
-    };
-    Ok((number(first), number(second)))
+    let mut reader = PayloadReader::new(payload(value)?, "f64 pair value");
+    let pair = (reader.f64()?, reader.f64()?);
+    reader.finish()?;
+    Ok(pair)
 }
 
 /// A little-endian reader over a payload, with errors instead of panics.

@@ -305,13 +305,17 @@ impl<K: TableKey> TrackedTable<K> {
     /// see [`TrackedTable::restore_value`]. A table without one ignores it.
     pub fn restore_carried(&mut self, key: &K, carried: f64) -> Result<(), CoreError> {
         let slot = self.slot_of(key)?;
+        self.restore_carried_at(slot, carried);
+        Ok(())
+    }
+
+    fn restore_carried_at(&mut self, slot: u32, carried: f64) {
         if let Some(all) = &mut self.carried {
             all[slot as usize] = Carried {
                 live: carried,
                 backed: carried,
             };
         }
-        Ok(())
     }
 
     pub fn set<Q>(&mut self, key: &Q, value: f64) -> Result<(), CoreError>
@@ -474,29 +478,26 @@ impl<K: TableKey> Tracked for TrackedTable<K> {
             let slot = all.get(position + AHEAD / 2)?.index as usize;
             keys[slot].as_ref()
         };
-        let Some(carried) = &mut self.carried else {
-            for (position, written) in all.iter().enumerate() {
-                if let Some(slot) = ahead(position) {
-                    prefetch(keys, slot);
-                }
-                if let Some(key) = bytes_ahead(position) {
-                    key.prefetch_bytes();
-                }
-                let key = |bytes: &mut Vec<u8>| write_key_of(keys, written.index, bytes);
-                out.push_f64(self.tag, key, written.value, written.prior);
-            }
-            return;
-        };
         for (position, written) in all.iter().enumerate() {
             if let Some(slot) = ahead(position) {
                 prefetch(keys, slot);
-                prefetch(carried, slot);
+                if let Some(carried) = &self.carried {
+                    prefetch(carried, slot);
+                }
             }
-            let number = &mut carried[written.index as usize];
-            let prior = written.prior.map(|prior| [prior, number.backed]);
-            number.backed = number.live;
+            if let Some(key) = bytes_ahead(position) {
+                key.prefetch_bytes();
+            }
             let key = |bytes: &mut Vec<u8>| write_key_of(keys, written.index, bytes);
-            out.push_f64s(self.tag, key, [written.value, number.live], prior);
+            match &mut self.carried {
+                None => out.push_f64(self.tag, key, written.value, written.prior),
+                Some(carried) => {
+                    let number = &mut carried[written.index as usize];
+                    let prior = written.prior.map(|prior| [prior, number.backed]);
+                    number.backed = number.live;
+                    out.push_f64s(self.tag, key, [written.value, number.live], prior);
+                }
+            }
         }
     }
 
@@ -518,8 +519,10 @@ impl<K: TableKey> Tracked for TrackedTable<K> {
             None if !self.index.contains_key(&key) => return Ok(()),
             None => (0.0, 0.0),
         };
-        self.restore_value(&key, value)?;
-        self.restore_carried(&key, carried)
+        let slot = self.slot_of(&key)?;
+        self.slots.restore(slot, value);
+        self.restore_carried_at(slot, carried);
+        Ok(())
     }
 }
 
