@@ -12,6 +12,17 @@
 /// enough for a fetch from memory to land, near enough to stay in cache.
 pub(crate) const AHEAD: usize = 8;
 
+/// The steps whose memory a loop asks for at step `position`: the one
+/// `AHEAD` on, and at the first step every one before it too. A backup of a
+/// few records (a list shorter than `AHEAD`) thus has all of its lines
+/// asked for at once, so that their waits overlap, rather than one miss
+/// after another.
+#[inline(always)]
+pub(crate) fn steps_to_fetch(position: usize) -> std::ops::RangeInclusive<usize> {
+    let first = if position == 0 { 1 } else { position + AHEAD };
+    first..=position + AHEAD
+}
+
 /// Asks for the cache line of `items[index]`, if there is one.
 #[inline(always)]
 pub(crate) fn prefetch<T>(items: &[T], index: usize) {
@@ -32,3 +43,15 @@ fn prefetch_address(address: *const i8) {
 #[cfg(not(target_arch = "x86_64"))]
 #[inline(always)]
 fn prefetch_address(_address: *const i8) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loop_asks_for_its_first_steps_at_once_then_one_step_ahead() {
+        assert_eq!(steps_to_fetch(0), 1..=AHEAD);
+        assert_eq!(steps_to_fetch(1), AHEAD + 1..=AHEAD + 1);
+        assert_eq!(steps_to_fetch(5), AHEAD + 5..=AHEAD + 5);
+    }
+}

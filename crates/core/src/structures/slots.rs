@@ -18,7 +18,7 @@ mod heaviest;
 
 use heaviest::ColdSlots;
 
-use super::prefetch::{prefetch, AHEAD};
+use super::prefetch::{prefetch, steps_to_fetch};
 use super::BackupScope;
 use super::Norm;
 
@@ -192,8 +192,14 @@ impl DriftSlots {
         index
     }
 
+    /// The slot's live value. Its flags are fetched too: a read is most
+    /// often followed by a write of the same slot (an operator reads, then
+    /// updates), and `set` branches on the flags, which it cannot predict,
+    /// so a flags byte still in memory then costs the wait and a pipeline
+    /// flush; fetched here, the wait overlaps the operator's work between.
     #[inline]
     pub fn get(&self, index: u32) -> f64 {
+        prefetch(&self.flags, index as usize);
         self.slots[index as usize].live
     }
 
@@ -469,7 +475,7 @@ impl DriftSlots {
         let mut values = self.spare.pop().unwrap_or_default();
         values.reserve(indices.len());
         for (position, &index) in indices.iter().enumerate() {
-            if let Some(&ahead) = indices.get(position + AHEAD) {
+            for &ahead in steps_to_fetch(position).filter_map(|step| indices.get(step)) {
                 prefetch(&self.slots, ahead as usize);
                 prefetch(&self.flags, ahead as usize);
             }
