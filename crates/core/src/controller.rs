@@ -531,7 +531,11 @@ impl TaskController {
             Mode::Approximate => {
                 // The common case, kept to two comparisons: nothing due.
                 if divergence > self.thresholds.theta {
-                    self.trigger(BackupScope::Drifted, actions);
+                    // A drifted backup waiting already goes out as soon as
+                    // there is room (see `advance`): nothing more to ask for.
+                    if self.deferred != Some(BackupScope::Drifted) {
+                        self.trigger(BackupScope::Drifted, actions);
+                    }
                 } else if self.deferred.is_none() && self.processed.items - self.last_issued.items >= self.lead {
                     // Within θ only the marker must move: the drift stays
                     // unwritten (see `BackupScope::Owed`). Issued when the run

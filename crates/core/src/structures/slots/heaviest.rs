@@ -23,12 +23,44 @@
 //! cold slots is compacted, so stale entries stay few.
 
 use super::{DriftSlots, COLD, DIRTY, OWED};
-use crate::structures::prefetch::{prefetch, AHEAD};
+use crate::structures::prefetch::{prefetch, steps_to_fetch};
 use crate::structures::Norm;
 
 /// Drift classes for ranking a backup's candidates: binary orders of magnitude
 /// from 2^-64 up, the smaller in the first, the larger in the last.
 const DRIFT_CLASSES: usize = 128;
+
+/// A set of drift classes, visited from the largest down: a backup goes
+/// through the classes that hold drift, not through all of them (a backup of
+/// a few records would otherwise spend most of its time on empty classes).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct ClassSet(u128);
+
+const _: () = assert!(DRIFT_CLASSES == u128::BITS as usize);
+
+impl ClassSet {
+    fn insert(&mut self, class: usize) {
+        self.0 |= 1 << class;
+    }
+
+    fn remove(&mut self, class: usize) {
+        self.0 &= !(1 << class);
+    }
+
+    fn union(self, other: ClassSet) -> ClassSet {
+        ClassSet(self.0 | other.0)
+    }
+
+    /// The classes in the set, the largest first.
+    fn descending(self) -> impl Iterator<Item = usize> {
+        let mut rest = self.0;
+        std::iter::from_fn(move || {
+            let class = (u128::BITS - 1).checked_sub(rest.leading_zeros())? as usize;
+            rest &= !(1 << class);
+            Some(class)
+        })
+    }
+}
 
 /// A bucket is compacted when its entries exceed twice its cold slots and this.
 const STALE_SLACK: usize = 64;
@@ -47,6 +79,8 @@ pub(super) struct ColdSlots {
     sums: [f64; DRIFT_CLASSES],
     /// Per class, how many slots are cold in it (its entries may be more).
     counts: [usize; DRIFT_CLASSES],
+    /// The classes whose buckets hold entries.
+    occupied: ClassSet,
 }
 
 impl Default for ColdSlots {
@@ -55,6 +89,7 @@ impl Default for ColdSlots {
             buckets: vec![Vec::new(); DRIFT_CLASSES],
             sums: [0.0; DRIFT_CLASSES],
             counts: [0; DRIFT_CLASSES],
+            occupied: ClassSet::default(),
         }
     }
 }
@@ -79,12 +114,13 @@ impl DriftSlots {
         let mut class_sums = self.cold.sums;
         let mut ranked = std::mem::take(&mut self.ranked);
         ranked.clear();
-        self.rank_hot(&mut ranked, &mut class_sums);
+        let hot_classes = self.rank_hot(&mut ranked, &mut class_sums);
         let everything = !remaining.is_finite();
         let cutoff = if everything {
             0
         } else {
-            cutoff_class(&class_sums, &mut remaining, target)
+            let classes = self.cold.occupied.union(hot_classes);
+            cutoff_class(&class_sums, classes, &mut remaining, target)
         };
         // Of the class cut in part, the slots cold longest go first: a slot
         // changed lately is the likelier to change again and be written
@@ -108,34 +144,36 @@ impl DriftSlots {
     /// One pass over the hot list: reads each slot once, takes its dirty
     /// flag (a slot listed twice is ranked once: a restore or an owed-only
     /// backup may have cleaned a listed slot that changed again) and keeps
-    /// its term beside its index. The list is emptied.
-    fn rank_hot(&mut self, ranked: &mut Vec<(u32, f64)>, class_sums: &mut [f64; DRIFT_CLASSES]) {
+    /// its term beside its index. The list is emptied. Returns the classes
+    /// of the slots ranked.
+    fn rank_hot(&mut self, ranked: &mut Vec<(u32, f64)>, class_sums: &mut [f64; DRIFT_CLASSES]) -> ClassSet {
+        let mut classes = ClassSet::default();
         for position in 0..self.dirty.len() {
             let index = self.dirty[position];
-            if let Some(&ahead) = self.dirty.get(position + AHEAD) {
+            for &ahead in steps_to_fetch(position).filter_map(|step| self.dirty.get(step)) {
                 prefetch(&self.slots, ahead as usize);
                 prefetch(&self.flags, ahead as usize);
             }
             if self.has(index, DIRTY) {
                 self.flags[index as usize] &= !DIRTY;
                 let term = self.norm_term(index);
-                class_sums[drift_class(term)] += term;
+                let class = drift_class(term);
+                class_sums[class] += term;
+                classes.insert(class);
                 ranked.push((index, term));
             }
         }
         self.dirty.clear();
+        classes
     }
 
     /// Takes the cold slots of the classes over `cutoff`, then those of the
     /// cutoff class while more than `target` stays unwritten (every one when
     /// `everything`).
     fn take_cold(&mut self, indices: &mut Vec<u32>, cutoff: usize, remaining: &mut f64, target: f64, everything: bool) {
-        for class in (0..DRIFT_CLASSES).rev() {
+        for class in self.cold.occupied.descending() {
             if !everything && class < cutoff {
                 break;
-            }
-            if self.cold.buckets[class].is_empty() {
-                continue;
             }
             if everything || class > cutoff {
                 self.sift_bucket(class, |_| true, indices);
@@ -171,7 +209,7 @@ impl DriftSlots {
         let (mut kept, mut sum) = (0, 0.0);
         for position in 0..bucket.len() {
             let index = bucket[position];
-            if let Some(&ahead) = bucket.get(position + AHEAD) {
+            for &ahead in steps_to_fetch(position).filter_map(|step| bucket.get(step)) {
                 prefetch(&self.slots, ahead as usize);
                 prefetch(&self.flags, ahead as usize);
             }
@@ -198,6 +236,9 @@ impl DriftSlots {
         for &index in &bucket {
             self.flags[index as usize] |= COLD;
         }
+        if bucket.is_empty() {
+            self.cold.occupied.remove(class);
+        }
         self.cold.buckets[class] = bucket;
         self.cold.sums[class] = sum;
         self.cold.counts[class] = kept;
@@ -208,6 +249,7 @@ impl DriftSlots {
         self.flags[index as usize] |= DIRTY | COLD;
         let cold = &mut self.cold;
         cold.buckets[class].push(index);
+        cold.occupied.insert(class);
         cold.sums[class] += term;
         cold.counts[class] += 1;
         if cold.buckets[class].len() > 2 * cold.counts[class] + STALE_SLACK {
@@ -260,13 +302,50 @@ impl DriftSlots {
 
 /// The class taken in part: whole classes from the largest down are taken
 /// (their sums come off `remaining`) until taking the next would leave at
-/// most `target`.
-fn cutoff_class(class_sums: &[f64; DRIFT_CLASSES], remaining: &mut f64, target: f64) -> usize {
-    for class in (0..DRIFT_CLASSES).rev() {
+/// most `target`. `classes` holds every class whose sum is not zero: one of
+/// sum zero is the cut only when nothing is to be taken at all, and then
+/// the largest class is, as a walk through every class finds.
+fn cutoff_class(class_sums: &[f64; DRIFT_CLASSES], classes: ClassSet, remaining: &mut f64, target: f64) -> usize {
+    if *remaining <= target {
+        return DRIFT_CLASSES - 1;
+    }
+    for class in classes.descending() {
         if *remaining - class_sums[class] <= target {
             return class;
         }
         *remaining -= class_sums[class];
     }
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_class_set_gives_its_classes_largest_first() {
+        let mut set = ClassSet::default();
+        for class in [0, 5, 64, 127, 5] {
+            set.insert(class);
+        }
+        set.remove(64);
+        assert_eq!(set.descending().collect::<Vec<_>>(), [127, 5, 0]);
+        assert_eq!(ClassSet::default().descending().count(), 0);
+    }
+
+    #[test]
+    fn the_cut_falls_in_the_class_that_brings_the_rest_within_the_target() {
+        let mut sums = [0.0; DRIFT_CLASSES];
+        let mut classes = ClassSet::default();
+        for (class, sum) in [(70, 8.0), (66, 4.0), (65, 2.0)] {
+            sums[class] = sum;
+            classes.insert(class);
+        }
+        let mut remaining = 14.0;
+        // Class 70 taken whole (6 left), class 66 would leave 2: cut there.
+        assert_eq!(cutoff_class(&sums, classes, &mut remaining, 3.0), 66);
+        assert_eq!(remaining, 6.0);
+        let mut nothing_due = 2.0;
+        assert_eq!(cutoff_class(&sums, classes, &mut nothing_due, 3.0), DRIFT_CLASSES - 1);
+    }
 }
