@@ -16,15 +16,23 @@
 
 use super::entry::{BackupEntry, EntryBytes};
 use super::error::CoreError;
-use super::logged::{write_envelope, write_f64s_envelope, LoggedValue, Slot, CERTAIN};
+use super::logged::{write_envelope, write_f64s_envelope, EnvelopeHead, LoggedValue, Slot, CERTAIN};
 
 /// One backup's changelog records.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BackupBatch {
     seq: u64,
+    /// How every record's envelope starts: `seq`, encoded.
+    head: EnvelopeHead,
     bytes: Vec<u8>,
     /// Per record: the end of its key and the end of its value in `bytes`.
     ends: Vec<(usize, usize)>,
+}
+
+impl Default for BackupBatch {
+    fn default() -> Self {
+        BackupBatch::new(0)
+    }
 }
 
 /// One record of a backup: its key and its logged value.
@@ -49,13 +57,16 @@ impl BackupBatch {
     pub fn new(seq: u64) -> Self {
         BackupBatch {
             seq,
-            ..BackupBatch::default()
+            head: EnvelopeHead::new(seq),
+            bytes: Vec::new(),
+            ends: Vec::new(),
         }
     }
 
     /// Empties the batch for backup `seq`, keeping its buffers.
     pub fn reset(&mut self, seq: u64) {
         self.seq = seq;
+        self.head = EnvelopeHead::new(seq);
         self.bytes.clear();
         self.ends.clear();
     }
@@ -104,7 +115,7 @@ impl BackupBatch {
         self.bytes.push(tag);
         key(&mut self.bytes);
         let key_end = self.bytes.len();
-        write_f64s_envelope(&mut self.bytes, self.seq, value, prior);
+        write_f64s_envelope(&mut self.bytes, &self.head, value, prior);
         self.ends.push((key_end, self.bytes.len()));
     }
 

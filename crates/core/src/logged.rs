@@ -186,45 +186,93 @@ pub(crate) fn write_envelope<'a>(
     }
 }
 
-/// Writes the envelope of the most common records, `N` `f64`s (a number, or
-/// a number and the one it carries) with one certain prior: a backup of a
-/// large key space writes one per changed key, so it is written piece by
-/// piece in pieces of a constant size (which compile to a few moves, where a
-/// copy of a computed length is a call to `memcpy`) after one reservation.
-/// The numbers' payload is theirs one after another, little-endian.
-#[inline]
-pub(crate) fn write_f64s_envelope<const N: usize>(
-    out: &mut Vec<u8>,
-    seq: u64,
-    value: [f64; N],
-    prior: Option<[f64; N]>,
-) {
-    // Version, a varint of at most 10 bytes, the value's slot, the priors'
-    // count and sequence, the prior's slot.
-    out.reserve(1 + 10 + (2 + 8 * N) + 2 + (2 + 8 * N));
-    out.push(ENVELOPE_VERSION);
-    let mut rest = seq;
-    while rest >= 0x80 {
-        out.push((rest as u8) | 0x80);
-        rest >>= 7;
+/// The start of every envelope of one backup: the version and the backup's
+/// sequence, encoded once for all of the backup's records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct EnvelopeHead {
+    bytes: [u8; 11],
+    len: u8,
+}
+
+impl EnvelopeHead {
+    pub(crate) fn new(seq: u64) -> Self {
+        let mut bytes = [0; 11];
+        bytes[0] = ENVELOPE_VERSION;
+        let mut len = 1;
+        let mut rest = seq;
+        while rest >= 0x80 {
+            bytes[len] = (rest as u8) | 0x80;
+            rest >>= 7;
+            len += 1;
+        }
+        bytes[len] = rest as u8;
+        EnvelopeHead {
+            bytes,
+            len: len as u8 + 1,
+        }
     }
-    out.push(rest as u8);
-    put_f64s_slot(out, value);
-    out.extend_from_slice(&[1, CERTAIN as u8]);
-    match prior {
-        Some(prior) => put_f64s_slot(out, prior),
-        None => out.push(0),
+
+    /// Appends the head. A copy of a constant length compiles to a few
+    /// moves, where one of the head's own length is a call to `memcpy`: the
+    /// whole array goes, then what is past the head is cut.
+    fn write(&self, out: &mut Vec<u8>) {
+        let end = out.len() + usize::from(self.len);
+        out.extend_from_slice(&self.bytes);
+        out.truncate(end);
     }
 }
 
+/// The most numbers an `f64`s record holds (a value and the number it
+/// carries).
+const MOST_F64S: usize = 2;
+
+/// Writes the envelope of the most common records, `N` `f64`s (a number, or
+/// a number and the one it carries) with one certain prior: a backup of a
+/// large key space writes one per changed key. The head is the backup's;
+/// the rest is laid out in a buffer on the stack and appended at once, its
+/// length a constant, so that it compiles to a few moves (appended piece by
+/// piece, every piece checked the buffer's room). The numbers' payload is
+/// theirs one after another, little-endian.
 #[inline]
-fn put_f64s_slot<const N: usize>(out: &mut Vec<u8>, numbers: [f64; N]) {
-    // A slot's length is its bytes + 1: the version byte and the numbers.
-    let length = (1 + 8 * N + 1) as u8;
-    out.extend_from_slice(&[length, ENCODING_VERSION]);
-    for number in numbers {
-        out.extend_from_slice(&number.to_le_bytes());
+pub(crate) fn write_f64s_envelope<const N: usize>(
+    out: &mut Vec<u8>,
+    head: &EnvelopeHead,
+    value: [f64; N],
+    prior: Option<[f64; N]>,
+) {
+    const { assert!(N <= MOST_F64S) };
+    // The value's slot, the priors' count and sequence, the prior's slot.
+    let mut tail = [0; 2 * (2 + 8 * MOST_F64S) + 2];
+    let mut end = put_f64s_slot(&mut tail, 0, value);
+    tail[end] = 1;
+    tail[end + 1] = CERTAIN as u8;
+    end += 2;
+    head.write(out);
+    // Appended in each arm, where the length is a constant.
+    match prior {
+        Some(prior) => {
+            let end = put_f64s_slot(&mut tail, end, prior);
+            out.extend_from_slice(&tail[..end]);
+        }
+        None => {
+            tail[end] = 0;
+            out.extend_from_slice(&tail[..end + 1]);
+        }
     }
+}
+
+/// Lays out a slot of `N` numbers at `start`; returns where it ends.
+#[inline(always)]
+fn put_f64s_slot<const N: usize>(out: &mut [u8], start: usize, numbers: [f64; N]) -> usize {
+    // A slot's length is its bytes + 1: the version byte and the numbers.
+    out[start] = (1 + 8 * N + 1) as u8;
+    out[start + 1] = ENCODING_VERSION;
+    let mut at = start + 2;
+    for number in numbers {
+        out[at..at + 8].copy_from_slice(&number.to_le_bytes());
+        at += 8;
+    }
+    at
 }
 
 #[inline]
@@ -390,7 +438,7 @@ mod tests {
         for seq in [0, 1, 127, 128, 300, 1 << 40, u64::MAX] {
             for prior in [None, Some(-2.5)] {
                 let mut fast = Vec::new();
-                write_f64s_envelope(&mut fast, seq, [1.25], prior.map(|p| [p]));
+                write_f64s_envelope(&mut fast, &EnvelopeHead::new(seq), [1.25], prior.map(|p| [p]));
                 let general = LoggedValue {
                     seq,
                     value: Some(bytes(1.25)),
@@ -417,7 +465,7 @@ mod tests {
         for seq in [1, 128, u64::MAX] {
             for prior in [None, Some([-2.5, 7.0])] {
                 let mut fast = Vec::new();
-                write_f64s_envelope(&mut fast, seq, [1.25, 3.5], prior);
+                write_f64s_envelope(&mut fast, &EnvelopeHead::new(seq), [1.25, 3.5], prior);
                 let general = LoggedValue {
                     seq,
                     value: Some(pair(1.25, 3.5)),

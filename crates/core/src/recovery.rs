@@ -12,7 +12,7 @@
 //! issued, which the backups keep within θ. A marker written by a clean stop
 //! covers a complete backup: the task continues exactly and counts no failure;
 //! any other counts one, and the thresholds halve.
-use super::entry::{entry_key, payload, versioned, BackupEntry, EntryBytes, PayloadReader, MARKER_TAG};
+use super::entry::{entry_key, payload, BackupEntry, EntryBytes, PayloadReader, ENCODING_VERSION, MARKER_TAG};
 use super::error::CoreError;
 use super::fence::{next_incarnation, Fence, LogOrder};
 use super::logged::LoggedValue;
@@ -113,8 +113,12 @@ impl BackupMarker {
         entry.key.first() == Some(&MARKER_TAG)
     }
 
+    /// The marker record. Its value is laid out in place, version byte
+    /// first: a marker goes out with every backup.
     pub fn to_entry(&self) -> BackupEntry {
-        let mut body = Vec::with_capacity(45);
+        let recent = 8 * usize::from(self.recent.len);
+        let mut body = EntryBytes::with_capacity(1 + 46 + recent + 16 + self.sources.encoded_len() + 8);
+        body.push(ENCODING_VERSION);
         body.extend_from_slice(&self.seq.to_le_bytes());
         body.extend_from_slice(&self.input_offset.to_le_bytes());
         body.extend_from_slice(&self.failures.to_le_bytes());
@@ -130,7 +134,7 @@ impl BackupMarker {
         body.extend_from_slice(&self.covers.to_le_bytes());
         self.sources.encode_into(&mut body);
         body.extend_from_slice(&self.inherited.to_le_bytes());
-        BackupEntry::new(Self::key(), Some(versioned(&body)))
+        BackupEntry::new(Self::key(), Some(body))
     }
 
     pub fn from_entry(entry: &BackupEntry) -> Result<Self, CoreError> {

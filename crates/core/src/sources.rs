@@ -151,13 +151,18 @@ impl SourcePositions {
     }
 
     /// Appends the table: a count, then each position's source, offset and index.
-    pub fn encode_into(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&(self.newest.len() as u32).to_le_bytes());
+    pub fn encode_into(&self, out: &mut impl Extend<u8>) {
+        out.extend((self.newest.len() as u32).to_le_bytes());
         for position in &self.newest {
-            out.extend_from_slice(&position.source.to_le_bytes());
-            out.extend_from_slice(&position.offset.to_le_bytes());
-            out.extend_from_slice(&position.index.to_le_bytes());
+            out.extend(position.source.to_le_bytes());
+            out.extend(position.offset.to_le_bytes());
+            out.extend(position.index.to_le_bytes());
         }
+    }
+
+    /// How many bytes [`Self::encode_into`] writes.
+    pub fn encoded_len(&self) -> usize {
+        4 + 20 * self.newest.len()
     }
 
     /// Reads a table [`Self::encode_into`] wrote.
@@ -211,6 +216,7 @@ mod tests {
         }
         let mut bytes = Vec::new();
         table.encode_into(&mut bytes);
+        assert_eq!(bytes.len(), table.encoded_len());
         let mut reader = PayloadReader::new(&bytes, "test");
         assert_eq!(SourcePositions::decode_from(&mut reader).unwrap(), table);
         assert!(reader.is_empty());

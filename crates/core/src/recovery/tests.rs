@@ -1,6 +1,7 @@
 //! Tests of `recovery`.
 
 use super::*;
+use crate::entry::versioned;
 use crate::fence::next_incarnation;
 use crate::sources::SourcePosition;
 
