@@ -21,6 +21,16 @@
 //! its drift is still of the bucket's class, and a slot that cooled twice in
 //! one class is taken or kept once. A bucket holding more than twice its
 //! cold slots is compacted, so stale entries stay few.
+//!
+//! A bucket is in the order its slots cooled. The class cut in part is
+//! taken from the front, and only as far as it is taken: the slots behind
+//! are not read. So a slot that cools again in a class whose bucket still
+//! holds an entry of an earlier stay there counts from that entry and may
+//! go before its turn; this is an order of preference, not a rule of the
+//! bound, and reading the whole bucket every backup cost more than the
+//! records it saved.
+
+use std::collections::VecDeque;
 
 use super::{DriftSlots, COLD, DIRTY, OWED};
 use crate::structures::prefetch::{prefetch, steps_to_fetch};
@@ -74,7 +84,7 @@ fn drift_class(term: f64) -> usize {
 /// The cold slots by class (see the module docs).
 #[derive(Clone, Debug)]
 pub(super) struct ColdSlots {
-    buckets: Vec<Vec<u32>>,
+    buckets: Vec<VecDeque<u32>>,
     /// Per class, the sum of its cold slots' terms.
     sums: [f64; DRIFT_CLASSES],
     /// Per class, how many slots are cold in it (its entries may be more).
@@ -86,7 +96,7 @@ pub(super) struct ColdSlots {
 impl Default for ColdSlots {
     fn default() -> Self {
         ColdSlots {
-            buckets: vec![Vec::new(); DRIFT_CLASSES],
+            buckets: vec![VecDeque::new(); DRIFT_CLASSES],
             sums: [0.0; DRIFT_CLASSES],
             counts: [0; DRIFT_CLASSES],
             occupied: ClassSet::default(),
@@ -176,21 +186,55 @@ impl DriftSlots {
                 break;
             }
             if everything || class > cutoff {
-                self.sift_bucket(class, |_| true, indices);
+                self.sift_bucket(class, true, indices);
             } else {
-                self.sift_bucket(
-                    class,
-                    |term| {
-                        let take = *remaining > target;
-                        if take {
-                            *remaining -= term;
-                        }
-                        take
-                    },
-                    indices,
-                );
+                self.take_oldest(class, remaining, target, indices);
             }
         }
+    }
+
+    /// The class cut in part: its cold slots from the oldest on while more
+    /// than `target` stays unwritten. The entries after the last one taken
+    /// are not read: a skewed stream leaves thousands of slots of a drift or
+    /// two cold in the class cut, backup after backup, and going through
+    /// them all (one random memory access each) cost more than the records
+    /// they saved.
+    fn take_oldest(&mut self, class: usize, remaining: &mut f64, target: f64, indices: &mut Vec<u32>) {
+        let mut bucket = std::mem::take(&mut self.cold.buckets[class]);
+        let mut position = 0;
+        while *remaining > target {
+            // The bucket's front is the entry at `position`.
+            for &ahead in steps_to_fetch(position).filter_map(|step| bucket.get(step - position)) {
+                prefetch(&self.slots, ahead as usize);
+                prefetch(&self.flags, ahead as usize);
+            }
+            let Some(index) = bucket.pop_front() else { break };
+            position += 1;
+            let Some(term) = self.cold_term(index, class) else {
+                continue;
+            };
+            self.flags[index as usize] &= !(COLD | DIRTY);
+            self.cold.sums[class] -= term;
+            self.cold.counts[class] = self.cold.counts[class].saturating_sub(1);
+            *remaining -= term;
+            indices.push(index);
+        }
+        if bucket.is_empty() {
+            self.cold.occupied.remove(class);
+            self.cold.sums[class] = 0.0;
+            self.cold.counts[class] = 0;
+        }
+        self.cold.buckets[class] = bucket;
+    }
+
+    /// The term of a slot listed in `class`'s bucket, if the entry counts:
+    /// the slot is cold and its drift still of that class.
+    fn cold_term(&self, index: u32, class: usize) -> Option<f64> {
+        if !self.has(index, COLD) {
+            return None;
+        }
+        let term = self.norm_term(index);
+        (drift_class(term) == class).then_some(term)
     }
 
     /// Every cold slot, whatever its class: a backup that writes every dirty
@@ -200,11 +244,11 @@ impl DriftSlots {
         self.take_cold(indices, 0, &mut remaining, 0.0, true);
     }
 
-    /// Goes through the entries of class `class` in order: a cold slot of the
-    /// class is taken into `indices` when `take` says so for its term (it is
-    /// clean then) and stays otherwise; stale entries and repeats go. The
-    /// class's sum and count are set from what stays.
-    fn sift_bucket(&mut self, class: usize, mut take: impl FnMut(f64) -> bool, indices: &mut Vec<u32>) {
+    /// Goes through every entry of class `class` in order: a cold slot of the
+    /// class is taken into `indices` when `take` (it is clean then) and stays
+    /// otherwise; stale entries and repeats go. The class's sum and count
+    /// are set from what stays.
+    fn sift_bucket(&mut self, class: usize, take: bool, indices: &mut Vec<u32>) {
         let mut bucket = std::mem::take(&mut self.cold.buckets[class]);
         let (mut kept, mut sum) = (0, 0.0);
         for position in 0..bucket.len() {
@@ -213,17 +257,13 @@ impl DriftSlots {
                 prefetch(&self.slots, ahead as usize);
                 prefetch(&self.flags, ahead as usize);
             }
-            if !self.has(index, COLD) {
+            let Some(term) = self.cold_term(index, class) else {
                 continue;
-            }
-            let term = self.norm_term(index);
-            if drift_class(term) != class {
-                continue;
-            }
+            };
             // Cold no more either way: a repeat of this slot further on is
             // skipped; those kept turn cold again below.
             self.flags[index as usize] &= !COLD;
-            if take(term) {
+            if take {
                 self.flags[index as usize] &= !DIRTY;
                 indices.push(index);
             } else {
@@ -248,12 +288,12 @@ impl DriftSlots {
     fn cool(&mut self, index: u32, class: usize, term: f64) {
         self.flags[index as usize] |= DIRTY | COLD;
         let cold = &mut self.cold;
-        cold.buckets[class].push(index);
+        cold.buckets[class].push_back(index);
         cold.occupied.insert(class);
         cold.sums[class] += term;
         cold.counts[class] += 1;
         if cold.buckets[class].len() > 2 * cold.counts[class] + STALE_SLACK {
-            self.sift_bucket(class, |_| false, &mut Vec::new());
+            self.sift_bucket(class, false, &mut Vec::new());
         }
     }
 
