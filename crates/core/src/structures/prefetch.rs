@@ -12,15 +12,20 @@
 /// enough for a fetch from memory to land, near enough to stay in cache.
 pub(crate) const AHEAD: usize = 8;
 
-/// The steps whose memory a loop asks for at step `position`: the one
-/// `AHEAD` on, and at the first step every one before it too. A backup of a
-/// few records (a list shorter than `AHEAD`) thus has all of its lines
-/// asked for at once, so that their waits overlap, rather than one miss
-/// after another.
+/// Calls `fetch` with each step whose memory a loop asks for at step
+/// `position`: the one `AHEAD` on, and at the first step every one before
+/// it too. A backup of a few records (a list shorter than `AHEAD`) thus has
+/// all of its lines asked for at once, so that their waits overlap, rather
+/// than one miss after another.
 #[inline(always)]
-pub(crate) fn steps_to_fetch(position: usize) -> std::ops::RangeInclusive<usize> {
-    let first = if position == 0 { 1 } else { position + AHEAD };
-    first..=position + AHEAD
+pub(crate) fn fetch_ahead(position: usize, mut fetch: impl FnMut(usize)) {
+    if position == 0 {
+        for step in 1..=AHEAD {
+            fetch(step);
+        }
+    } else {
+        fetch(position + AHEAD);
+    }
 }
 
 /// Asks for the cache line of `items[index]`, if there is one.
@@ -50,8 +55,13 @@ mod tests {
 
     #[test]
     fn a_loop_asks_for_its_first_steps_at_once_then_one_step_ahead() {
-        assert_eq!(steps_to_fetch(0), 1..=AHEAD);
-        assert_eq!(steps_to_fetch(1), AHEAD + 1..=AHEAD + 1);
-        assert_eq!(steps_to_fetch(5), AHEAD + 5..=AHEAD + 5);
+        let steps = |position| {
+            let mut steps = Vec::new();
+            fetch_ahead(position, |step| steps.push(step));
+            steps
+        };
+        assert_eq!(steps(0), (1..=AHEAD).collect::<Vec<_>>());
+        assert_eq!(steps(1), [AHEAD + 1]);
+        assert_eq!(steps(5), [AHEAD + 5]);
     }
 }

@@ -18,7 +18,7 @@ mod heaviest;
 
 use heaviest::ColdSlots;
 
-use super::prefetch::{prefetch, steps_to_fetch};
+use super::prefetch::{fetch_ahead, prefetch};
 use super::BackupScope;
 use super::Norm;
 
@@ -190,6 +190,15 @@ impl DriftSlots {
             self.mark_dirty(index);
         }
         index
+    }
+
+    /// Asks for the memory of the slot listed at `step`, if there is one.
+    #[inline(always)]
+    fn prefetch_listed(&self, list: &[u32], step: usize) {
+        if let Some(&index) = list.get(step) {
+            prefetch(&self.slots, index as usize);
+            prefetch(&self.flags, index as usize);
+        }
     }
 
     /// The slot's live value. Its flags are fetched too: a read is most
@@ -475,10 +484,7 @@ impl DriftSlots {
         let mut values = self.spare.pop().unwrap_or_default();
         values.reserve(indices.len());
         for (position, &index) in indices.iter().enumerate() {
-            for &ahead in steps_to_fetch(position).filter_map(|step| indices.get(step)) {
-                prefetch(&self.slots, ahead as usize);
-                prefetch(&self.flags, ahead as usize);
-            }
+            fetch_ahead(position, |step| self.prefetch_listed(&indices, step));
             let prior = self.has(index, PRESENT).then(|| self.slots[index as usize].backed);
             let value = self.slots[index as usize].live;
             self.rebase(index);

@@ -14,7 +14,7 @@ use std::hash::Hash;
 
 use rustc_hash::FxHashMap;
 
-use super::prefetch::{prefetch, steps_to_fetch, AHEAD};
+use super::prefetch::{fetch_ahead, prefetch, AHEAD};
 use super::slots::DriftSlots;
 use super::store::KeyStore;
 use super::BackupScope;
@@ -473,20 +473,20 @@ impl<K: TableKey> Tracked for TrackedTable<K> {
         let all = self.slots.backup(seq, scope);
         // Two steps: the key `AHEAD` records on, and the bytes of the one
         // half as far on, whose key has landed by then.
-        let ahead = |position: usize| {
-            steps_to_fetch(position).filter_map(|step| all.get(step).map(|written| written.index as usize))
+        let fetch_record = |step: usize, carried: Option<&[Carried]>| {
+            if let Some(written) = all.get(step) {
+                prefetch(keys, written.index as usize);
+                if let Some(carried) = carried {
+                    prefetch(carried, written.index as usize);
+                }
+            }
         };
         let bytes_ahead = |position: usize| {
             let slot = all.get(position + AHEAD / 2)?.index as usize;
             keys[slot].as_ref()
         };
         for (position, written) in all.iter().enumerate() {
-            for slot in ahead(position) {
-                prefetch(keys, slot);
-                if let Some(carried) = &self.carried {
-                    prefetch(carried, slot);
-                }
-            }
+            fetch_ahead(position, |step| fetch_record(step, self.carried.as_deref()));
             if let Some(key) = bytes_ahead(position) {
                 key.prefetch_bytes();
             }

@@ -33,7 +33,7 @@
 use std::collections::VecDeque;
 
 use super::{DriftSlots, COLD, DIRTY, OWED};
-use crate::structures::prefetch::{prefetch, steps_to_fetch};
+use crate::structures::prefetch::{fetch_ahead, prefetch};
 use crate::structures::Norm;
 
 /// Drift classes for ranking a backup's candidates: binary orders of magnitude
@@ -160,10 +160,7 @@ impl DriftSlots {
         let mut classes = ClassSet::default();
         for position in 0..self.dirty.len() {
             let index = self.dirty[position];
-            for &ahead in steps_to_fetch(position).filter_map(|step| self.dirty.get(step)) {
-                prefetch(&self.slots, ahead as usize);
-                prefetch(&self.flags, ahead as usize);
-            }
+            fetch_ahead(position, |step| self.prefetch_listed(&self.dirty, step));
             if self.has(index, DIRTY) {
                 self.flags[index as usize] &= !DIRTY;
                 let term = self.norm_term(index);
@@ -204,10 +201,12 @@ impl DriftSlots {
         let mut position = 0;
         while *remaining > target {
             // The bucket's front is the entry at `position`.
-            for &ahead in steps_to_fetch(position).filter_map(|step| bucket.get(step - position)) {
-                prefetch(&self.slots, ahead as usize);
-                prefetch(&self.flags, ahead as usize);
-            }
+            fetch_ahead(position, |step| {
+                if let Some(&index) = bucket.get(step - position) {
+                    prefetch(&self.slots, index as usize);
+                    prefetch(&self.flags, index as usize);
+                }
+            });
             let Some(index) = bucket.pop_front() else { break };
             position += 1;
             let Some(term) = self.cold_term(index, class) else {
@@ -253,10 +252,12 @@ impl DriftSlots {
         let (mut kept, mut sum) = (0, 0.0);
         for position in 0..bucket.len() {
             let index = bucket[position];
-            for &ahead in steps_to_fetch(position).filter_map(|step| bucket.get(step)) {
-                prefetch(&self.slots, ahead as usize);
-                prefetch(&self.flags, ahead as usize);
-            }
+            fetch_ahead(position, |step| {
+                if let Some(&index) = bucket.get(step) {
+                    prefetch(&self.slots, index as usize);
+                    prefetch(&self.flags, index as usize);
+                }
+            });
             let Some(term) = self.cold_term(index, class) else {
                 continue;
             };
