@@ -94,9 +94,9 @@ pub struct DriftSlots {
     pressure: bool,
     /// The slots a backup writes, kept to reuse its buffer.
     scratch: Vec<u32>,
-    /// The dirty slots and their norm terms while a drifted backup ranks them,
+    /// The dirty slots, their classes and norm terms while a drifted backup ranks them,
     /// kept to reuse its buffer.
-    ranked: Vec<(u32, f64)>,
+    ranked: Vec<(u32, u8, f64)>,
     /// Buffers of acknowledged backups' slots, for reuse (see `recycle`).
     spare: Vec<Vec<Written>>,
     /// The dirty slots the last drifted backups left unwritten (L1, L2).

@@ -44,32 +44,40 @@ const DRIFT_CLASSES: usize = 128;
 /// through the classes that hold drift, not through all of them (a backup of
 /// a few records would otherwise spend most of its time on empty classes).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-struct ClassSet(u128);
+struct ClassSet([u64; 2]);
 
-const _: () = assert!(DRIFT_CLASSES == u128::BITS as usize);
+const _: () = assert!(DRIFT_CLASSES == 2 * u64::BITS as usize);
 
 impl ClassSet {
+    // Two words, not a u128: a shift by a variable amount of a u128 is
+    // several instructions, and a set is added to once per ranked slot.
     fn insert(&mut self, class: usize) {
-        self.0 |= 1 << class;
+        self.0[class >> 6] |= 1 << (class & 63);
     }
 
     fn remove(&mut self, class: usize) {
-        self.0 &= !(1 << class);
+        self.0[class >> 6] &= !(1 << (class & 63));
     }
 
     fn union(self, other: ClassSet) -> ClassSet {
-        ClassSet(self.0 | other.0)
+        ClassSet([self.0[0] | other.0[0], self.0[1] | other.0[1]])
     }
 
     /// The classes in the set, the largest first.
     fn descending(self) -> impl Iterator<Item = usize> {
-        let mut rest = self.0;
-        std::iter::from_fn(move || {
-            let class = (u128::BITS - 1).checked_sub(rest.leading_zeros())? as usize;
-            rest &= !(1 << class);
-            Some(class)
-        })
+        let [low, high] = self.0;
+        descending_bits(high).map(|bit| bit + 64).chain(descending_bits(low))
     }
+}
+
+/// The set bits of a word, the highest first.
+fn descending_bits(word: u64) -> impl Iterator<Item = usize> {
+    let mut rest = word;
+    std::iter::from_fn(move || {
+        let bit = (u64::BITS - 1).checked_sub(rest.leading_zeros())? as usize;
+        rest &= !(1 << bit);
+        Some(bit)
+    })
 }
 
 /// A bucket is compacted when its entries exceed twice its cold slots and this.
@@ -136,8 +144,8 @@ impl DriftSlots {
         // changed lately is the likelier to change again and be written
         // twice.
         self.take_cold(indices, cutoff, &mut remaining, target, everything);
-        for &(index, term) in &ranked {
-            let class = drift_class(term);
+        for &(index, class, term) in &ranked {
+            let class = usize::from(class);
             let take = everything || class > cutoff || (class == cutoff && remaining > target);
             if take {
                 if class == cutoff {
@@ -154,9 +162,9 @@ impl DriftSlots {
     /// One pass over the hot list: reads each slot once, takes its dirty
     /// flag (a slot listed twice is ranked once: a restore or an owed-only
     /// backup may have cleaned a listed slot that changed again) and keeps
-    /// its term beside its index. The list is emptied. Returns the classes
+    /// its term and class beside its index. The list is emptied. Returns the classes
     /// of the slots ranked.
-    fn rank_hot(&mut self, ranked: &mut Vec<(u32, f64)>, class_sums: &mut [f64; DRIFT_CLASSES]) -> ClassSet {
+    fn rank_hot(&mut self, ranked: &mut Vec<(u32, u8, f64)>, class_sums: &mut [f64; DRIFT_CLASSES]) -> ClassSet {
         let mut classes = ClassSet::default();
         for position in 0..self.dirty.len() {
             let index = self.dirty[position];
@@ -167,7 +175,7 @@ impl DriftSlots {
                 let class = drift_class(term);
                 class_sums[class] += term;
                 classes.insert(class);
-                ranked.push((index, term));
+                ranked.push((index, class as u8, term));
             }
         }
         self.dirty.clear();
