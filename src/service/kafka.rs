@@ -86,6 +86,12 @@ pub fn is_unreachable(error: &KafkaSetupError) -> bool {
     let KafkaSetupError::Kafka(error) = error else {
         return false;
     };
+    is_transient(error)
+}
+
+/// Whether a request failed for want of an answer (a timeout, no broker, no
+/// leader yet), not because the brokers refused it.
+fn is_transient(error: &KafkaError) -> bool {
     matches!(
         error.rdkafka_error_code(),
         Some(
@@ -145,6 +151,34 @@ pub fn patiently<T>(
         while Instant::now() < until && !stop.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(50));
         }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Sends `request` again while it fails with [`is_transient`], backing off
+/// from 250 ms to 5 s, until `patience` has passed; each retry is logged.
+/// A broker busy with other work can leave one request unanswered past its
+/// timeout (the project's broker did, for a new changelog's metadata, while
+/// it stored a large input), and a restore that gave up on it would fail
+/// the task's start.
+fn asked_again<T>(
+    what: &str,
+    patience: Duration,
+    mut request: impl FnMut() -> Result<T, KafkaError>,
+) -> Result<T, KafkaError> {
+    let started = Instant::now();
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let error = match request() {
+            Ok(value) => return Ok(value),
+            Err(error) => error,
+        };
+        let left = patience.saturating_sub(started.elapsed());
+        if !is_transient(&error) || left.is_zero() {
+            return Err(error);
+        }
+        tracing::warn!(%error, "{what}: no answer; asking again for up to {} s more", left.as_secs());
+        std::thread::sleep(backoff.min(left));
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
 }
@@ -326,6 +360,9 @@ fn is_compacted(policy: &str) -> bool {
 /// progress. It never subscribes, so it never joins a group, and commits nothing.
 pub struct TopicReader {
     consumer: BaseConsumer,
+    /// How long a request without an answer is asked again
+    /// (`kafka.startup_timeout_ms`).
+    patience: Duration,
 }
 
 impl TopicReader {
@@ -333,7 +370,10 @@ impl TopicReader {
         // librdkafka assigns only with a group id; this one is never joined.
         let group = format!("{}-{purpose}", kafka.group_id);
         let consumer = assigned_reader(kafka, &group, true)?;
-        Ok(TopicReader { consumer })
+        Ok(TopicReader {
+            consumer,
+            patience: Duration::from_millis(kafka.startup_timeout_ms),
+        })
     }
 
     /// The number of partitions of `topic`, or `None` if it does not exist.
@@ -341,9 +381,11 @@ impl TopicReader {
         partitions_of(&self.consumer, topic)
     }
 
-    /// (low, high) watermarks.
+    /// (low, high) watermarks, asked again while the brokers do not answer.
     pub fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), KafkaError> {
-        self.consumer.fetch_watermarks(topic, partition, REQUEST_TIMEOUT)
+        asked_again("reading a partition's offsets", self.patience, || {
+            self.consumer.fetch_watermarks(topic, partition, REQUEST_TIMEOUT)
+        })
     }
 
     /// Hands every record in `[from, high)` to `take`, in order; fails after 30 s
@@ -700,6 +742,43 @@ mod tests {
 
     fn unreachable() -> KafkaSetupError {
         KafkaSetupError::Kafka(KafkaError::MetadataFetch(RDKafkaErrorCode::BrokerTransportFailure))
+    }
+
+    #[test]
+    fn a_request_that_times_out_is_asked_again_until_patience_runs_out() {
+        let timed_out = || KafkaError::MetadataFetch(RDKafkaErrorCode::OperationTimedOut);
+        let mut attempts = 0;
+        let answer = asked_again("a request", Duration::from_secs(60), || {
+            attempts += 1;
+            if attempts < 3 {
+                Err(timed_out())
+            } else {
+                Ok(7)
+            }
+        });
+        assert_eq!(answer.ok(), Some(7));
+        assert_eq!(attempts, 3);
+
+        // A refusal is not asked again.
+        let mut attempts = 0;
+        let refused = asked_again("a request", Duration::from_secs(60), || -> Result<(), _> {
+            attempts += 1;
+            Err(KafkaError::MetadataFetch(RDKafkaErrorCode::UnknownTopicOrPartition))
+        });
+        assert!(refused.is_err());
+        assert_eq!(attempts, 1);
+
+        // Out of patience: the last error comes back.
+        let started = Instant::now();
+        let mut attempts = 0;
+        let error = asked_again("a request", Duration::from_millis(600), || -> Result<(), _> {
+            attempts += 1;
+            Err(timed_out())
+        })
+        .expect_err("never answered");
+        assert_eq!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::OperationTimedOut));
+        assert!(attempts >= 2, "asked again before giving up: {attempts}");
+        assert!(started.elapsed() < Duration::from_secs(5), "gave up near its patience");
     }
 
     #[test]
