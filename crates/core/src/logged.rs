@@ -230,9 +230,9 @@ const MOST_F64S: usize = 2;
 /// a number and the one it carries) with one certain prior: a backup of a
 /// large key space writes one per changed key. The head is the backup's;
 /// the rest is laid out in a buffer on the stack and appended at once, its
-/// length a constant, so that it compiles to a few moves (appended piece by
-/// piece, every piece checked the buffer's room). The numbers' payload is
-/// theirs one after another, little-endian.
+/// length a constant, so that it compiles to a few moves (appending piece
+/// by piece checked the buffer's room for every piece). The numbers'
+/// payload is theirs one after another, little-endian.
 #[inline]
 pub(crate) fn write_f64s_envelope<const N: usize>(
     out: &mut Vec<u8>,

@@ -162,8 +162,8 @@ impl DriftSlots {
     /// One pass over the hot list: reads each slot once, takes its dirty
     /// flag (a slot listed twice is ranked once: a restore or an owed-only
     /// backup may have cleaned a listed slot that changed again) and keeps
-    /// its term and class beside its index. The list is emptied. Returns the classes
-    /// of the slots ranked.
+    /// its term and class beside its index. The list is emptied. Returns
+    /// the classes of the slots ranked.
     fn rank_hot(&mut self, ranked: &mut Vec<(u32, u8, f64)>, class_sums: &mut [f64; DRIFT_CLASSES]) -> ClassSet {
         let mut classes = ClassSet::default();
         for position in 0..self.dirty.len() {
