@@ -37,6 +37,11 @@ use afstream::core::{
 use afstream::operators::*;
 use afstream::workloads;
 
+#[path = "support/shipped.rs"]
+mod shipped;
+
+use shipped::shipped_thresholds;
+
 const POLL: usize = 500;
 
 /// Acknowledges every changelog write one round trip after it, and every
@@ -214,16 +219,6 @@ fn run_case<O: Operator>(
         took: started.elapsed(),
         records: running.iter().map(|task| task.io.records).sum(),
     }
-}
-
-/// Θ, L and Γ of a shipped config.
-fn shipped_thresholds(name: &str) -> (f64, u64, u64) {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("configs")
-        .join(name);
-    let config = afstream::service::config::load(&path, &|_| None).unwrap_or_else(|e| panic!("{e}"));
-    let ft = &config.pipeline.fault_tolerance;
-    (ft.theta, ft.max_uncovered, ft.max_unacked)
 }
 
 fn env_number(name: &str, default: usize) -> usize {
