@@ -1,7 +1,6 @@
 //! The Kafka side: topic checks and creation, and reading a changelog
 //! partition.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,6 +15,11 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::clients::{admin_client, assigned_reader, metadata_client};
 use super::config::KafkaConfig;
 use crate::core::{last_marker_in_order, BackupEntry, BackupMarker, ChangelogReader, ChangelogState, EntryBytes};
+
+mod retry;
+
+use retry::asked_again;
+pub use retry::{is_unreachable, patiently};
 
 /// How long one broker request may take before it is reported.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -76,111 +80,6 @@ fn partitions_of(client: &BaseConsumer, topic: &str) -> Result<Option<usize>, Ka
 /// How many replicas a topic's first partition has.
 fn replicas_of(client: &BaseConsumer, topic: &str) -> Result<Option<usize>, KafkaSetupError> {
     described(client, topic, |t| t.partitions().first().map(|p| p.replicas().len()))
-}
-
-/// Whether a setup request failed only because the brokers could not be
-/// reached or were not ready (down, unresolvable, timing out, electing a
-/// leader): asking again later may succeed. A refusal (a bad property, a
-/// missing or invalid topic, no authorisation) fails the same way every time.
-pub fn is_unreachable(error: &KafkaSetupError) -> bool {
-    let KafkaSetupError::Kafka(error) = error else {
-        return false;
-    };
-    is_transient(error)
-}
-
-/// Whether a request failed for want of an answer (a timeout, no broker, no
-/// leader yet), not because the brokers refused it.
-fn is_transient(error: &KafkaError) -> bool {
-    matches!(
-        error.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::OperationTimedOut
-                | RDKafkaErrorCode::RequestTimedOut
-                | RDKafkaErrorCode::BrokerTransportFailure
-                | RDKafkaErrorCode::AllBrokersDown
-                | RDKafkaErrorCode::Resolve
-                | RDKafkaErrorCode::NetworkException
-                | RDKafkaErrorCode::BrokerNotAvailable
-                | RDKafkaErrorCode::LeaderNotAvailable
-                | RDKafkaErrorCode::NotController
-                | RDKafkaErrorCode::CoordinatorNotAvailable
-                | RDKafkaErrorCode::CoordinatorLoadInProgress
-        )
-    )
-}
-
-/// Runs a setup step, asking again (backing off from 250 ms to 5 s) while it
-/// fails with [`is_unreachable`], for up to `kafka.startup_timeout_ms` or
-/// until `stop` is set; each retry is logged with the error. Any other error,
-/// or the last one, is returned.
-pub fn patiently<T>(
-    kafka: &KafkaConfig,
-    stop: &AtomicBool,
-    what: &str,
-    mut step: impl FnMut() -> Result<T, KafkaSetupError>,
-) -> Result<T, KafkaSetupError> {
-    let started = Instant::now();
-    let patience = Duration::from_millis(kafka.startup_timeout_ms);
-    let mut backoff = Duration::from_millis(250);
-    loop {
-        let error = match step() {
-            Ok(value) => return Ok(value),
-            Err(error) => error,
-        };
-        if !is_unreachable(&error) {
-            return Err(error);
-        }
-        let left = patience.saturating_sub(started.elapsed());
-        if left.is_zero() || stop.load(Ordering::SeqCst) {
-            return Err(KafkaSetupError::Unreachable {
-                what: what.to_string(),
-                servers: kafka.bootstrap_servers.clone(),
-                waited_ms: started.elapsed().as_millis(),
-                patience_ms: kafka.startup_timeout_ms,
-                source: Box::new(error),
-            });
-        }
-        tracing::warn!(
-            "{what}: the brokers ({}) cannot be reached ({error}); trying again for up to {} s more \
-             (kafka.startup_timeout_ms)",
-            kafka.bootstrap_servers,
-            left.as_secs()
-        );
-        let until = Instant::now() + backoff.min(left);
-        while Instant::now() < until && !stop.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
-    }
-}
-
-/// Sends `request` again while it fails with [`is_transient`], backing off
-/// from 250 ms to 5 s, until `patience` has passed; each retry is logged.
-/// A broker busy with other work can leave one request unanswered past its
-/// timeout (the project's broker did, for a new changelog's metadata, while
-/// it stored a large input), and a restore that gave up on it would fail
-/// the task's start.
-fn asked_again<T>(
-    what: &str,
-    patience: Duration,
-    mut request: impl FnMut() -> Result<T, KafkaError>,
-) -> Result<T, KafkaError> {
-    let started = Instant::now();
-    let mut backoff = Duration::from_millis(250);
-    loop {
-        let error = match request() {
-            Ok(value) => return Ok(value),
-            Err(error) => error,
-        };
-        let left = patience.saturating_sub(started.elapsed());
-        if !is_transient(&error) || left.is_zero() {
-            return Err(error);
-        }
-        tracing::warn!(%error, "{what}: no answer; asking again for up to {} s more", left.as_secs());
-        std::thread::sleep(backoff.min(left));
-        backoff = (backoff * 2).min(Duration::from_secs(5));
-    }
 }
 
 /// A topic afstream creates when it is missing.
@@ -738,88 +637,5 @@ mod tests {
         for policy in ["delete", "", "compaction"] {
             assert!(!is_compacted(policy), "{policy}");
         }
-    }
-
-    fn unreachable() -> KafkaSetupError {
-        KafkaSetupError::Kafka(KafkaError::MetadataFetch(RDKafkaErrorCode::BrokerTransportFailure))
-    }
-
-    #[test]
-    fn a_request_that_times_out_is_asked_again_until_patience_runs_out() {
-        let timed_out = || KafkaError::MetadataFetch(RDKafkaErrorCode::OperationTimedOut);
-        let mut attempts = 0;
-        let answer = asked_again("a request", Duration::from_secs(60), || {
-            attempts += 1;
-            if attempts < 3 {
-                Err(timed_out())
-            } else {
-                Ok(7)
-            }
-        });
-        assert_eq!(answer.ok(), Some(7));
-        assert_eq!(attempts, 3);
-
-        // A refusal is not asked again.
-        let mut attempts = 0;
-        let refused = asked_again("a request", Duration::from_secs(60), || -> Result<(), _> {
-            attempts += 1;
-            Err(KafkaError::MetadataFetch(RDKafkaErrorCode::UnknownTopicOrPartition))
-        });
-        assert!(refused.is_err());
-        assert_eq!(attempts, 1);
-
-        // Out of patience: the last error comes back.
-        let started = Instant::now();
-        let mut attempts = 0;
-        let error = asked_again("a request", Duration::from_millis(600), || -> Result<(), _> {
-            attempts += 1;
-            Err(timed_out())
-        })
-        .expect_err("never answered");
-        assert_eq!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::OperationTimedOut));
-        assert!(attempts >= 2, "asked again before giving up: {attempts}");
-        assert!(started.elapsed() < Duration::from_secs(5), "gave up near its patience");
-    }
-
-    #[test]
-    fn setup_steps_are_asked_again_while_the_brokers_cannot_be_reached() {
-        let kafka = KafkaConfig::new("broker:9092");
-        let stop = AtomicBool::new(false);
-        let mut attempts = 0;
-        let answer = patiently(&kafka, &stop, "a step", || {
-            attempts += 1;
-            if attempts < 3 {
-                Err(unreachable())
-            } else {
-                Ok(7)
-            }
-        });
-        assert_eq!(answer.ok(), Some(7));
-        assert_eq!(attempts, 3);
-
-        // A refusal is not asked again.
-        let mut attempts = 0;
-        let refused = patiently(&kafka, &stop, "a step", || -> Result<(), _> {
-            attempts += 1;
-            Err(KafkaSetupError::MissingTopic("in".into()))
-        });
-        assert!(matches!(refused, Err(KafkaSetupError::MissingTopic(_))));
-        assert_eq!(attempts, 1);
-
-        // Out of patience: the error names the brokers and the setting.
-        let impatient = KafkaConfig {
-            startup_timeout_ms: 0,
-            ..KafkaConfig::new("broker:9092")
-        };
-        let error = patiently(&impatient, &stop, "reading metadata", || -> Result<(), _> {
-            Err(unreachable())
-        })
-        .expect_err("no broker");
-        let text = error.to_string();
-        assert!(
-            text.contains("reading metadata") && text.contains("broker:9092") && text.contains("startup_timeout_ms"),
-            "{text}"
-        );
-        assert!(!is_unreachable(&error), "given up: not asked again by a caller");
     }
 }
