@@ -192,10 +192,10 @@ impl DriftSlots {
         index
     }
 
-    /// Asks for the memory of the slot listed at `step`, if there is one.
+    /// Asks for the memory of a listed slot, if the list has one there.
     #[inline(always)]
-    fn prefetch_listed(&self, list: &[u32], step: usize) {
-        if let Some(&index) = list.get(step) {
+    fn prefetch_slot(&self, listed: Option<&u32>) {
+        if let Some(&index) = listed {
             prefetch(&self.slots, index as usize);
             prefetch(&self.flags, index as usize);
         }
@@ -484,7 +484,7 @@ impl DriftSlots {
         let mut values = self.spare.pop().unwrap_or_default();
         values.reserve(indices.len());
         for (position, &index) in indices.iter().enumerate() {
-            fetch_ahead(position, |step| self.prefetch_listed(&indices, step));
+            fetch_ahead(position, |step| self.prefetch_slot(indices.get(step)));
             let prior = self.has(index, PRESENT).then(|| self.slots[index as usize].backed);
             let value = self.slots[index as usize].live;
             self.rebase(index);

@@ -33,7 +33,7 @@
 use std::collections::VecDeque;
 
 use super::{DriftSlots, COLD, DIRTY, OWED};
-use crate::structures::prefetch::{fetch_ahead, prefetch};
+use crate::structures::prefetch::fetch_ahead;
 use crate::structures::Norm;
 
 /// Drift classes for ranking a backup's candidates: binary orders of magnitude
@@ -168,7 +168,7 @@ impl DriftSlots {
         let mut classes = ClassSet::default();
         for position in 0..self.dirty.len() {
             let index = self.dirty[position];
-            fetch_ahead(position, |step| self.prefetch_listed(&self.dirty, step));
+            fetch_ahead(position, |step| self.prefetch_slot(self.dirty.get(step)));
             if self.has(index, DIRTY) {
                 self.flags[index as usize] &= !DIRTY;
                 let term = self.norm_term(index);
@@ -209,12 +209,7 @@ impl DriftSlots {
         let mut position = 0;
         while *remaining > target {
             // The bucket's front is the entry at `position`.
-            fetch_ahead(position, |step| {
-                if let Some(&index) = bucket.get(step - position) {
-                    prefetch(&self.slots, index as usize);
-                    prefetch(&self.flags, index as usize);
-                }
-            });
+            fetch_ahead(position, |step| self.prefetch_slot(bucket.get(step - position)));
             let Some(index) = bucket.pop_front() else { break };
             position += 1;
             let Some(term) = self.cold_term(index, class) else {
@@ -260,12 +255,7 @@ impl DriftSlots {
         let (mut kept, mut sum) = (0, 0.0);
         for position in 0..bucket.len() {
             let index = bucket[position];
-            fetch_ahead(position, |step| {
-                if let Some(&index) = bucket.get(step) {
-                    prefetch(&self.slots, index as usize);
-                    prefetch(&self.flags, index as usize);
-                }
-            });
+            fetch_ahead(position, |step| self.prefetch_slot(bucket.get(step)));
             let Some(term) = self.cold_term(index, class) else {
                 continue;
             };
