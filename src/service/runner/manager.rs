@@ -177,7 +177,7 @@ impl<T> TaskManager<T> {
         self.drained_ms
     }
 
-    /// When the first partition was assigned: processing counts from then.
+    /// When the first partition's task started (its restore done).
     pub(super) fn first_assignment_ms(&self) -> Option<u64> {
         self.first_assignment_ms
     }

@@ -104,10 +104,14 @@ pub struct RunOptions {
 #[derive(Clone, Debug, Default)]
 pub struct RunReport {
     pub tasks: Vec<TaskReport>,
-    /// From the first partition's assignment (fetching starts then, while its
-    /// task restores) to the start of the clean stop: the processing time,
-    /// without joining the group.
+    /// From the first item a task took to the start of the clean stop: the
+    /// processing time, without joining the group, restoring or starting.
     pub processing: Duration,
+    /// From the first task's start (its restore done) to the first item a
+    /// task took: a one-off per start, the start marker's round trip where
+    /// there is one (a task takes no input before it is acknowledged) or the
+    /// first fetch.
+    pub starting: Duration,
     /// The clean stop: final complete backups, markers, commits.
     pub stop: Duration,
     /// The first part of the clean stop: until every output of every item read
@@ -122,6 +126,8 @@ pub struct TaskReport {
     pub stats: DriverStats,
     /// When the clean stop began (without its final complete backup).
     pub before_stop: DriverStats,
+    /// When the task took its first item, on the run's clock.
+    pub first_input_ms: Option<u64>,
     /// Markers' round trips over the run.
     pub markers: MarkerRoundTrips,
     pub undecodable: u64,
@@ -625,14 +631,20 @@ impl<O: ServiceOperator> TaskManager<Task<O>> {
     fn report(&mut self, started: Instant) -> RunReport {
         let run_ms = started.elapsed().as_millis() as u64;
         let stop_began_ms = self.stopping_since_ms().unwrap_or(run_ms);
-        let processing_ms = self
-            .first_assignment_ms()
-            .map_or(0, |first| stop_began_ms.saturating_sub(first));
+        let tasks: Vec<TaskReport> = self.active_mut().map(Task::final_report).collect();
+        let first_start_ms = self.first_assignment_ms().unwrap_or(stop_began_ms).min(stop_began_ms);
+        let first_input_ms = tasks
+            .iter()
+            .filter_map(|task| task.first_input_ms)
+            .min()
+            .unwrap_or(stop_began_ms)
+            .clamp(first_start_ms, stop_began_ms);
         RunReport {
-            processing: Duration::from_millis(processing_ms),
+            processing: Duration::from_millis(stop_began_ms - first_input_ms),
+            starting: Duration::from_millis(first_input_ms - first_start_ms),
             stop: Duration::from_millis(run_ms.saturating_sub(stop_began_ms)),
             drained: Duration::from_millis(self.drained_ms().unwrap_or_default()),
-            tasks: self.active_mut().map(Task::final_report).collect(),
+            tasks,
         }
     }
 }

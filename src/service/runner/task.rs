@@ -74,6 +74,8 @@ pub(super) struct Task<O: ServiceOperator> {
     pub(super) metrics: TaskMetrics,
     /// The driver's figures when the clean stop began.
     pub(super) before_stop: Option<DriverStats>,
+    /// When the task took its first item, on the run's clock.
+    pub(super) first_input_ms: Option<u64>,
     /// The local store and the meta record each write carries.
     pub(super) store: Option<(TaskStore, StoreMeta)>,
 }
@@ -211,6 +213,7 @@ impl<O: ServiceOperator> Task<O> {
             value,
             metrics: TaskMetrics::new(&shared.group, assigned.partition),
             before_stop: None,
+            first_input_ms: None,
             store: assigned.store,
         })
     }
@@ -320,6 +323,7 @@ impl<O: ServiceOperator> Task<O> {
             partition: self.partition,
             stats,
             before_stop: self.before_stop.unwrap_or(stats),
+            first_input_ms: self.first_input_ms,
             markers: self.in_flight.markers.clone(),
             undecodable: self.batch.undecodable,
         }
@@ -468,6 +472,9 @@ impl<O: ServiceOperator> ManagedTask<TaskEnv<'_>> for Task<O> {
                 0
             };
             batch.taken += taken;
+            if taken > 0 {
+                self.first_input_ms.get_or_insert(now_ms);
+            }
             worked |= taken > 0;
             io.in_flight.unwritten |= taken > 0;
             if batch.taken < run_end || taken == 0 {
