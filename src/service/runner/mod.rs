@@ -22,6 +22,7 @@ mod collector;
 mod faults;
 mod feedback;
 mod group;
+mod idle;
 mod input;
 mod manager;
 mod restore;
@@ -57,6 +58,7 @@ use faults::crash_in_backup;
 pub use faults::*;
 use feedback::FeedbackReader;
 use group::{flush_producers, own_queue, seek, ClosingGuard, GroupContext, Revocation};
+use idle::IdleBackoff;
 use manager::{Producers, StopProgress, TaskManager};
 use restore::{PlanInputs, Restores, RESTORE_PARALLELISM};
 use resume::{LocalStores, ResumePlanner};
@@ -73,13 +75,6 @@ const RESTORE_ATTEMPTS: u32 = 4;
 const RESTORE_RETRY_WAIT: Duration = Duration::from_millis(500);
 /// Records a task takes from its partition queue at a time.
 const POLL_BATCH: usize = 500;
-/// The shortest and longest sleep of an idle loop round.
-const IDLE_WAIT_MIN: Duration = Duration::from_micros(100);
-const IDLE_WAIT_MAX: Duration = Duration::from_millis(5);
-/// The longest sleep while a task's input waits on an acknowledgement (γ
-/// outputs unacknowledged, or its start marker): those are a few
-/// milliseconds of input, so a late wake-up is a stall of its own.
-const AWAIT_WAIT_MAX: Duration = Duration::from_micros(200);
 /// The headers of a dead letter: where its record came from and why it was refused.
 pub const DEAD_LETTER_TOPIC_HEADER: &str = "afstream.source.topic";
 pub const DEAD_LETTER_PARTITION_HEADER: &str = "afstream.source.partition";
@@ -563,28 +558,6 @@ fn rebalanced<O: ServiceOperator>(
         worked = true;
     }
     Ok(worked)
-}
-
-/// How long the loop sleeps after rounds in which nothing happened: from
-/// 100 µs to 5 ms, or to 200 µs while input waits on an acknowledgement, so
-/// that it resumes within a fraction of a millisecond of it (the producers'
-/// and the partitions' queues cannot be waited on together); an idle service
-/// wakes 200 times a second.
-#[derive(Default)]
-struct IdleBackoff {
-    idle_rounds: u32,
-}
-
-impl IdleBackoff {
-    fn after_round(&mut self, worked: bool, awaiting: bool) {
-        if worked {
-            self.idle_rounds = 0;
-            return;
-        }
-        self.idle_rounds = self.idle_rounds.saturating_add(1);
-        let longest = if awaiting { AWAIT_WAIT_MAX } else { IDLE_WAIT_MAX };
-        std::thread::sleep(IDLE_WAIT_MIN.saturating_mul(1 << self.idle_rounds.min(6)).min(longest));
-    }
 }
 
 /// Partitions the group takes back cooperatively: their tasks begin their
