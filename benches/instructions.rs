@@ -19,8 +19,10 @@
 //! word-count or keyed-sum (default online-join); AFSTREAM_BENCH_MODE: none or
 //! approximate (default); AFSTREAM_BENCH_ITEMS (default 1 000 000; WordCount
 //! takes a tenth as many lines of ten words); AFSTREAM_BENCH_THETA (Θ instead
-//! of the config's). Prints the backups, changelog records and markers it
-//! wrote. Only `run_once` is worth counting: the rest makes the items.
+//! of the config's); AFSTREAM_BENCH_TASKS (default 1: that many tasks, each
+//! on a contiguous share of the items, splitting the thresholds as the
+//! service's tasks do, as `cargo bench --bench latency` runs four). Prints
+//! the backups, changelog records and markers they wrote. Only `run_once` is worth counting: the rest makes the items.
 
 use std::hint::black_box;
 
@@ -36,10 +38,13 @@ mod shipped;
 use engine::Engine;
 use shipped::shipped_thresholds;
 
-/// Runs the items through a new engine once; what callgrind counts.
+/// Runs each engine over its share of the items, once; what callgrind counts.
 #[inline(never)]
-fn run_once<O: Operator>(engine: &mut Engine<O>, items: &[O::Input]) {
-    engine.run(items, |_| {});
+fn run_once<O: Operator>(engines: &mut [Engine<O>], items: &[O::Input]) {
+    let share = items.len().div_ceil(engines.len());
+    for (engine, part) in engines.iter_mut().zip(items.chunks(share)) {
+        engine.run(part, |_| {});
+    }
 }
 
 fn measure<O: Operator>(build: impl Fn() -> O, items: &[O::Input], config: &str) {
@@ -53,12 +58,21 @@ fn measure<O: Operator>(build: impl Fn() -> O, items: &[O::Input], config: &str)
         Ok("approximate") | Err(_) => Mode::Approximate,
         Ok(other) => panic!("AFSTREAM_BENCH_MODE is none or approximate, not {other:?}"),
     };
-    let mut engine = Engine::new(build(), mode, theta, l, gamma);
-    run_once(&mut engine, black_box(items));
-    let stats = engine.driver.stats();
+    let tasks: u32 = std::env::var("AFSTREAM_BENCH_TASKS")
+        .ok()
+        .map(|v| v.parse().expect("AFSTREAM_BENCH_TASKS is a count"))
+        .unwrap_or(1);
+    let mut engines: Vec<Engine<O>> = (0..tasks.max(1))
+        .map(|_| Engine::one_of(build(), mode, (theta, l, gamma), tasks.max(1)))
+        .collect();
+    run_once(&mut engines, black_box(items));
+    let (mut items, mut backups, mut records, mut markers) = (0, 0, 0, 0);
+    for stats in engines.iter().map(|engine| engine.driver.stats()) {
+        (items, backups) = (items + stats.items, backups + stats.backups);
+        (records, markers) = (records + stats.backup_entries, markers + stats.markers);
+    }
     println!(
-        "{config} ({mode:?}, Θ = {theta}, L = {l}, Γ = {gamma}): {} items, {} backups, {} records, {} markers",
-        stats.items, stats.backups, stats.backup_entries, stats.markers
+        "{config} ({mode:?}, Θ = {theta}, L = {l}, Γ = {gamma}, {tasks} tasks): {items} items, {backups} backups, {records} records, {markers} markers"
     );
 }
 

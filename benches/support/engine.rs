@@ -4,8 +4,8 @@
 use std::hint::black_box;
 
 use afstream::core::{
-    read_changelog, Ack, BackupBatch, BackupMarker, ControllerConfig, GlobalThresholds, Mode, Operator, TaskDriver,
-    TaskIo,
+    read_changelog, Ack, BackupBatch, BackupMarker, ControllerConfig, FailurePolicy, GlobalThresholds, Mode, Operator,
+    Placement, TaskDriver, TaskIo, ThresholdPolicy,
 };
 
 /// The I/O boundary of a broker that acknowledges everything at once.
@@ -47,9 +47,22 @@ const POLL: usize = 500;
 
 impl<O: Operator> Engine<O> {
     pub fn new(operator: O, mode: Mode, theta: f64, items: u64, outputs: u64) -> Self {
+        Self::one_of(operator, mode, (theta, items, outputs), 1)
+    }
+
+    /// One of `tasks` tasks that split the thresholds (Θ, L, Γ) between them
+    /// as the service's do.
+    pub fn one_of(operator: O, mode: Mode, thresholds: (f64, u64, u64), tasks: u32) -> Self {
+        let (theta, items, outputs) = thresholds;
         let global = GlobalThresholds::new(theta, items, outputs).expect("valid thresholds");
-        let config =
-            ControllerConfig::single_task(mode, global, operator.constants(), operator.norm()).expect("valid policy");
+        let placement = Placement {
+            parallelism: tasks,
+            ..Placement::default()
+        };
+        let constants = operator.constants();
+        let policy = ThresholdPolicy::new(global, FailurePolicy::Halving, placement, operator.norm(), constants)
+            .expect("policy");
+        let config = ControllerConfig::new(mode, policy, constants);
         let mut io = InstantIo::default();
         let empty = read_changelog(&[]).expect("empty changelog");
         let (driver, _) = TaskDriver::recover(config, operator, &empty, None, 0, 0, &mut io).expect("start");
