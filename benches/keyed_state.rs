@@ -89,7 +89,7 @@ fn dir_mib(path: &Path) -> f64 {
 /// after every poll batch. Returns words per second.
 fn ingest(operator: WordCount, lines: &[String], store: Option<&TaskStore>) -> (f64, Engine<WordCount>) {
     let (theta, items, outputs) = THRESHOLDS;
-    let mut engine = Engine::new(operator, Mode::Approximate, theta, items, outputs);
+    let mut engine = Engine::one_of(operator, Mode::Approximate, (theta, items, outputs), 1);
     let mut meta = TaskStore::new_meta(0);
     let started = Instant::now();
     engine.run(lines, |driver| {

@@ -52,7 +52,7 @@ where
     for (label, mode) in [("none", Mode::None), ("approximate", Mode::Approximate)] {
         group.bench_function(label, |b| {
             b.iter_batched_ref(
-                || Engine::new(build(), mode, theta, l, gamma),
+                || Engine::one_of(build(), mode, (theta, l, gamma), 1),
                 |engine| engine.run(items, |_| {}),
                 BatchSize::LargeInput,
             )

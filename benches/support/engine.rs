@@ -46,10 +46,6 @@ pub struct Engine<O: Operator> {
 const POLL: usize = 500;
 
 impl<O: Operator> Engine<O> {
-    pub fn new(operator: O, mode: Mode, theta: f64, items: u64, outputs: u64) -> Self {
-        Self::one_of(operator, mode, (theta, items, outputs), 1)
-    }
-
     /// One of `tasks` tasks that split the thresholds (Θ, L, Γ) between them
     /// as the service's do.
     pub fn one_of(operator: O, mode: Mode, thresholds: (f64, u64, u64), tasks: u32) -> Self {
