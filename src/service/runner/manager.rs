@@ -127,7 +127,7 @@ pub(super) struct TaskManager<T> {
     stopping_since_ms: Option<u64>,
     /// How long after the stop began every output was acknowledged.
     drained_ms: Option<u64>,
-    first_assignment_ms: Option<u64>,
+    first_start_ms: Option<u64>,
     reports: Vec<DeliveryEvent>,
 }
 
@@ -140,7 +140,7 @@ impl<T> TaskManager<T> {
             stop_deadline,
             stopping_since_ms: None,
             drained_ms: None,
-            first_assignment_ms: None,
+            first_start_ms: None,
             reports: Vec::new(),
         }
     }
@@ -178,8 +178,8 @@ impl<T> TaskManager<T> {
     }
 
     /// When the first partition's task started (its restore done).
-    pub(super) fn first_assignment_ms(&self) -> Option<u64> {
-        self.first_assignment_ms
+    pub(super) fn first_start_ms(&self) -> Option<u64> {
+        self.first_start_ms
     }
 
     /// Partitions are being handed off.
@@ -303,7 +303,7 @@ impl<T> TaskManager<T> {
     where
         T: ManagedTask<E>,
     {
-        self.first_assignment_ms.get_or_insert(now_ms);
+        self.first_start_ms.get_or_insert(now_ms);
         self.parked.remove(&task.partition());
         self.activate(env, task);
     }

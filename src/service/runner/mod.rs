@@ -605,7 +605,7 @@ impl<O: ServiceOperator> TaskManager<Task<O>> {
         let run_ms = started.elapsed().as_millis() as u64;
         let stop_began_ms = self.stopping_since_ms().unwrap_or(run_ms);
         let tasks: Vec<TaskReport> = self.active_mut().map(Task::final_report).collect();
-        let first_start_ms = self.first_assignment_ms().unwrap_or(stop_began_ms).min(stop_began_ms);
+        let first_start_ms = self.first_start_ms().unwrap_or(stop_began_ms).min(stop_began_ms);
         let first_input_ms = tasks
             .iter()
             .filter_map(|task| task.first_input_ms)

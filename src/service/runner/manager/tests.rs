@@ -112,7 +112,7 @@ impl ManagedTask<FakeProducers> for FakeTask {
 
 const DEADLINE: Duration = Duration::from_millis(1_000);
 /// When `manager_with` assigns its tasks.
-const FIRST_ASSIGNMENT_MS: u64 = 3;
+const FIRST_START_MS: u64 = 3;
 
 fn marker(incarnation: u16, seq: u64) -> Delivery {
     Delivery::Marker {
@@ -124,7 +124,7 @@ fn marker(incarnation: u16, seq: u64) -> Delivery {
 fn manager_with(env: &FakeProducers, tasks: impl IntoIterator<Item = FakeTask>) -> TaskManager<FakeTask> {
     let mut manager = TaskManager::new(DEADLINE);
     for task in tasks {
-        manager.assigned(env, task, FIRST_ASSIGNMENT_MS);
+        manager.assigned(env, task, FIRST_START_MS);
     }
     manager
 }
@@ -327,8 +327,8 @@ fn the_run_is_at_its_end_only_with_every_partition_here_and_taken() {
     manager.assigned(&env, task(2, 3), 5);
     assert!(!manager.all_at_end(3));
     assert_eq!(
-        manager.first_assignment_ms(),
-        Some(FIRST_ASSIGNMENT_MS),
+        manager.first_start_ms(),
+        Some(FIRST_START_MS),
         "the first, not the last"
     );
 }
