@@ -4,7 +4,8 @@
 //! approximate mode adds to `none` is measured as the difference of two
 //! counts of this program.
 //!
-//! The task driver the service uses, one task, acknowledgements after each
+//! The task driver the service uses, one task unless told otherwise,
+//! acknowledgements after each
 //! poll of 500 items (as `cargo bench --bench operators` runs it), the
 //! workload's items as `cargo bench --bench latency` makes them, at its
 //! shipped config's thresholds (`configs/`):
@@ -22,7 +23,8 @@
 //! of the config's); AFSTREAM_BENCH_TASKS (default 1: that many tasks, each
 //! on a contiguous share of the items, splitting the thresholds as the
 //! service's tasks do, as `cargo bench --bench latency` runs four). Prints
-//! the backups, changelog records and markers they wrote. Only `run_once` is worth counting: the rest makes the items.
+//! the backups, changelog records and markers they wrote. Only `run_once`
+//! is worth counting: the rest makes the items.
 
 use std::hint::black_box;
 
@@ -61,9 +63,10 @@ fn measure<O: Operator>(build: impl Fn() -> O, items: &[O::Input], config: &str)
     let tasks: u32 = std::env::var("AFSTREAM_BENCH_TASKS")
         .ok()
         .map(|v| v.parse().expect("AFSTREAM_BENCH_TASKS is a count"))
-        .unwrap_or(1);
-    let mut engines: Vec<Engine<O>> = (0..tasks.max(1))
-        .map(|_| Engine::one_of(build(), mode, (theta, l, gamma), tasks.max(1)))
+        .unwrap_or(1)
+        .max(1);
+    let mut engines: Vec<Engine<O>> = (0..tasks)
+        .map(|_| Engine::one_of(build(), mode, (theta, l, gamma), tasks))
         .collect();
     run_once(&mut engines, black_box(items));
     let (mut items, mut backups, mut records, mut markers) = (0, 0, 0, 0);

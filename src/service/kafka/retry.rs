@@ -133,18 +133,31 @@ mod tests {
         KafkaSetupError::Kafka(KafkaError::MetadataFetch(RDKafkaErrorCode::BrokerTransportFailure))
     }
 
+    /// A request that fails with `error` twice, then answers 7; counts its
+    /// calls in `attempts`.
+    fn answers_the_third_time<'a, E>(
+        attempts: &'a mut u32,
+        error: impl Fn() -> E + 'a,
+    ) -> impl FnMut() -> Result<u32, E> + 'a {
+        move || {
+            *attempts += 1;
+            if *attempts < 3 {
+                Err(error())
+            } else {
+                Ok(7)
+            }
+        }
+    }
+
     #[test]
     fn a_request_that_times_out_is_asked_again_until_patience_runs_out() {
         let timed_out = || KafkaError::MetadataFetch(RDKafkaErrorCode::OperationTimedOut);
         let mut attempts = 0;
-        let answer = asked_again("a request", Duration::from_secs(60), || {
-            attempts += 1;
-            if attempts < 3 {
-                Err(timed_out())
-            } else {
-                Ok(7)
-            }
-        });
+        let answer = asked_again(
+            "a request",
+            Duration::from_secs(60),
+            answers_the_third_time(&mut attempts, timed_out),
+        );
         assert_eq!(answer.ok(), Some(7));
         assert_eq!(attempts, 3);
 
@@ -175,14 +188,12 @@ mod tests {
         let kafka = KafkaConfig::new("broker:9092");
         let stop = AtomicBool::new(false);
         let mut attempts = 0;
-        let answer = patiently(&kafka, &stop, "a step", || {
-            attempts += 1;
-            if attempts < 3 {
-                Err(unreachable())
-            } else {
-                Ok(7)
-            }
-        });
+        let answer = patiently(
+            &kafka,
+            &stop,
+            "a step",
+            answers_the_third_time(&mut attempts, unreachable),
+        );
         assert_eq!(answer.ok(), Some(7));
         assert_eq!(attempts, 3);
 
