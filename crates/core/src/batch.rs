@@ -93,6 +93,21 @@ impl BackupBatch {
         self.bytes.len()
     }
 
+    /// Makes room for `records` more records the size of the last one
+    /// pushed, and a quarter more: a backup's records differ little in size,
+    /// and pushed one by one into a buffer too small they would grow it by
+    /// doubling, copying what it holds each time (a backup of 15 000
+    /// records did a dozen such copies).
+    pub fn reserve_like_last(&mut self, records: usize) {
+        let last = match self.ends.len() {
+            0 => return,
+            1 => self.ends[0].1,
+            n => self.ends[n - 1].1 - self.ends[n - 2].1,
+        };
+        self.bytes.reserve(records.saturating_mul(last + last / 4));
+        self.ends.reserve(records);
+    }
+
     /// Appends an `f64` entry of the structure tagged `tag`: `key` writes the
     /// key's body, `prior` is what the last backup issued before held for the
     /// key (`None`: none held it).
@@ -215,6 +230,21 @@ mod tests {
         let entries = batch.entries().unwrap();
         assert_eq!(entries[1], BackupEntry::new(EntryBytes::from_slice(&[4, 9]), None));
         assert_eq!(decode_f64(entries[2].value.as_deref().unwrap()).unwrap(), 2.0);
+    }
+
+    #[test]
+    fn room_like_the_last_record_takes_as_many_more_without_growing() {
+        let mut batch = BackupBatch::new(3);
+        let key = |out: &mut Vec<u8>| out.extend_from_slice(&7u32.to_be_bytes());
+        batch.push_f64(1, key, 1.0, Some(0.5));
+        batch.reserve_like_last(1000);
+        let room = batch.capacity();
+        assert!(room >= 1001 * batch.encoded_len(), "room for 1000 more: {room}");
+        for value in 0..1000 {
+            batch.push_f64(1, key, f64::from(value), Some(0.5));
+        }
+        assert_eq!(batch.capacity(), room);
+        BackupBatch::new(4).reserve_like_last(10);
     }
 
     #[test]

@@ -36,12 +36,15 @@ use super::error::CoreError;
 use super::logged::{LoggedValue, Prior, Priors, CERTAIN};
 
 /// Backup buffers kept for reuse. Against a broker whose round trip is long
-/// next to the backups' pace, hundreds of backups are in flight; a backup's
-/// buffers taken new grow by doubling, several reallocations a backup, so
-/// up to this many are kept, each up to `SPARE_BYTES` (a complete backup's
-/// buffer is let go): at most 1 MiB a task.
+/// next to the backups' pace, hundreds of backups are in flight, and where
+/// drift is spread thin (a late stage of SGD) a backup writes thousands of
+/// records; a buffer taken new grows by doubling, copying at each step,
+/// and half a megabyte taken and given back each backup costs page faults.
+/// So up to `SPARE_BATCHES` are kept while their room together is within
+/// `SPARE_BYTES` a task, and a backup takes the roomiest (a complete
+/// backup's buffer, larger than all of it, is let go).
 const SPARE_BATCHES: usize = 32;
-const SPARE_BYTES: usize = 32 << 10;
+const SPARE_BYTES: usize = 2 << 20;
 
 /// The priors of the keys whose latest writes may or may not be in the log
 /// (see the module docs): the driver hands it each backup it sends and tells
@@ -177,7 +180,8 @@ impl PriorChain {
 
     /// An empty batch for backup `seq`, on the buffers of one done with.
     pub fn batch(&mut self, seq: u64) -> BackupBatch {
-        let mut batch = self.spare.pop().unwrap_or_default();
+        let roomiest = (0..self.spare.len()).max_by_key(|&i| self.spare[i].capacity());
+        let mut batch = roomiest.map(|i| self.spare.swap_remove(i)).unwrap_or_default();
         batch.reset(seq);
         batch
     }
@@ -284,7 +288,8 @@ impl PriorChain {
     /// Keeps a few buffers for the next backups, not every one a burst of
     /// failures or a large final backup left.
     fn recycle(&mut self, batch: BackupBatch) {
-        if self.spare.len() < SPARE_BATCHES && batch.capacity() <= SPARE_BYTES {
+        let kept: usize = self.spare.iter().map(BackupBatch::capacity).sum();
+        if self.spare.len() < SPARE_BATCHES && kept + batch.capacity() <= SPARE_BYTES {
             self.spare.push(batch);
         }
     }
@@ -329,6 +334,30 @@ mod tests {
         let batch = backup(chain, seq, key, value, prior);
         let logged = chain.log(batch);
         LoggedValue::decode(logged.iter().next().map(|record| record.value)).unwrap()
+    }
+
+    /// A done batch with room for about `bytes`.
+    fn done_batch(bytes: usize) -> BackupBatch {
+        let mut batch = BackupBatch::new(1);
+        batch.push_f64(1, |out| out.extend_from_slice(b"k"), 1.0, None);
+        let record = batch.encoded_len();
+        batch.reserve_like_last(bytes / record);
+        batch
+    }
+
+    #[test]
+    fn a_backup_takes_the_roomiest_spare_and_spares_stay_within_their_budget() {
+        let mut chain = PriorChain::new();
+        chain.recycle(done_batch(100));
+        chain.recycle(done_batch(SPARE_BYTES / 2));
+        chain.recycle(done_batch(200));
+        assert!(chain.batch(2).capacity() >= SPARE_BYTES / 2);
+        assert!(chain.batch(3).capacity() < SPARE_BYTES / 2);
+        // Within the budget a large one is kept; past it, let go.
+        chain.recycle(done_batch(SPARE_BYTES / 2));
+        chain.recycle(done_batch(SPARE_BYTES / 2 + 1024));
+        assert_eq!(chain.spare.len(), 2);
+        assert!(chain.spare.iter().map(BackupBatch::capacity).sum::<usize>() <= SPARE_BYTES);
     }
 
     #[test]

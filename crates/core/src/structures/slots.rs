@@ -105,9 +105,12 @@ pub struct DriftSlots {
 
 /// Buffers of done backups kept for reuse: hundreds of backups may be in
 /// flight, and a buffer allocated and freed each backup showed in the
-/// profile of a backup every few dozen items; a complete backup's is let go.
+/// profile of a backup every few dozen items. Up to `SPARE_BUFFERS` are kept
+/// while their room together is within `SPARE_WRITTEN` slots (1 MiB), and a
+/// backup takes the roomiest, so that one of thousands of records finds
+/// room; a complete backup's, larger than all of it, is let go.
 const SPARE_BUFFERS: usize = 32;
-const SPARE_WRITTEN: usize = 2048;
+const SPARE_WRITTEN: usize = 1 << 16;
 
 /// A slot as the local store keeps it: the live value, and while it differs from
 /// (or may differ from) the last acknowledged backup, what drift tracking needs to
@@ -481,7 +484,8 @@ impl DriftSlots {
         }
         // The baseline moves now: the next backup is measured from this one (see
         // the module docs for why that holds while it is in flight).
-        let mut values = self.spare.pop().unwrap_or_default();
+        let roomiest = (0..self.spare.len()).max_by_key(|&i| self.spare[i].capacity());
+        let mut values = roomiest.map(|i| self.spare.swap_remove(i)).unwrap_or_default();
         values.reserve(indices.len());
         for (position, &index) in indices.iter().enumerate() {
             fetch_ahead(position, |step| self.prefetch_slot(indices.get(step)));
@@ -534,7 +538,8 @@ impl DriftSlots {
     }
 
     fn recycle(&mut self, mut values: Vec<Written>) {
-        if self.spare.len() < SPARE_BUFFERS && values.capacity() <= SPARE_WRITTEN {
+        let kept: usize = self.spare.iter().map(Vec::capacity).sum();
+        if self.spare.len() < SPARE_BUFFERS && kept + values.capacity() <= SPARE_WRITTEN {
             values.clear();
             self.spare.push(values);
         }

@@ -500,6 +500,9 @@ impl<K: TableKey> Tracked for TrackedTable<K> {
                     out.push_f64s(self.tag, key, [written.value, number.live], prior);
                 }
             }
+            if position == 0 {
+                out.reserve_like_last(all.len() - 1);
+            }
         }
     }
 

@@ -88,9 +88,13 @@ impl Tracked for TrackedVector {
     }
 
     fn backup(&mut self, seq: u64, scope: BackupScope, out: &mut BackupBatch) {
-        for written in self.slots.backup(seq, scope) {
+        let all = self.slots.backup(seq, scope);
+        for (position, written) in all.iter().enumerate() {
             let key = |bytes: &mut Vec<u8>| bytes.extend_from_slice(&written.index.to_be_bytes());
             out.push_f64(self.tag, key, written.value, written.prior);
+            if position == 0 {
+                out.reserve_like_last(all.len() - 1);
+            }
         }
     }
 
