@@ -298,7 +298,7 @@ impl DriftSlots {
 
     /// A cold slot whose term was `term` changes: it is hot again, listed
     /// and dirty; its entry goes stale.
-    #[cold]
+    #[inline]
     pub(super) fn reheat(&mut self, index: u32, term: f64) {
         self.leave_cold(index, term);
         self.dirty.push(index);
