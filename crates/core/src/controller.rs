@@ -260,6 +260,10 @@ pub struct TaskController {
     last_issued: Position,
     /// Backups issued whose entries are not acknowledged yet, in issue order.
     open: VecDeque<OpenBackup>,
+    /// What the oldest open backup not yet sent covers: every output
+    /// acknowledged asks whether it can go, and this answers without a
+    /// search of `open`.
+    first_unsent: Option<Position>,
     /// A write failed: no backup is issued until every write in flight is
     /// reported, then one (the widest `deferred` scope) is.
     after_failure: bool,
@@ -347,6 +351,7 @@ impl TaskController {
             processed: start,
             last_issued: start,
             open: VecDeque::new(),
+            first_unsent: None,
             after_failure: false,
             markers: VecDeque::new(),
             marked: start,

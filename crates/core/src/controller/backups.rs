@@ -41,6 +41,7 @@ impl TaskController {
             sent: false,
             clean,
         });
+        self.first_unsent = self.first_unsent.or(Some(self.processed));
         actions.push(Action::Backup { seq, scope });
         self.send_when_outputs_done(actions);
     }
@@ -49,15 +50,23 @@ impl TaskController {
     /// in the order they were taken, each once the outputs before it are
     /// acknowledged.
     pub(super) fn send_when_outputs_done(&mut self, actions: &mut Vec<Action>) {
-        // Called for every output acknowledged; nearly always every open
-        // backup is sent already (the sent ones are a prefix).
-        if self.open.back().is_none_or(|o| o.sent) {
+        debug_assert_eq!(
+            self.first_unsent,
+            self.open.iter().find(|o| !o.sent).map(|o| o.covers),
+            "first_unsent names the oldest open backup not sent"
+        );
+        // Called for every output acknowledged: nearly always nothing is
+        // unsent, or the oldest unsent still waits.
+        if !self.first_unsent.is_some_and(|covers| self.outputs_done_before(covers)) {
             return;
         }
+        // The sent ones are a prefix.
         let first_unsent = self.open.partition_point(|o| o.sent);
+        self.first_unsent = None;
         for index in first_unsent..self.open.len() {
             let open = self.open[index];
             if !self.outputs_done_before(open.covers) {
+                self.first_unsent = Some(open.covers);
                 break;
             }
             self.open[index].sent = true;
@@ -77,6 +86,7 @@ impl TaskController {
             widest_scope = widest(widest_scope, abandoned.scope);
             actions.push(Action::AbandonBackup { seq: abandoned.seq });
         }
+        self.first_unsent = None;
         if self.phase == Phase::Running {
             self.after_failure = true;
             self.defer(widest_scope);
