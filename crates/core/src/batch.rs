@@ -190,6 +190,12 @@ impl BackupBatch {
     }
 }
 
+impl crate::spares::Room for BackupBatch {
+    fn room(&self) -> usize {
+        self.capacity()
+    }
+}
+
 fn payload(bytes: Option<&[u8]>) -> Slot<'_> {
     bytes.map_or(Slot::Absent, Slot::Payload)
 }

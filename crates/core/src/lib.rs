@@ -29,6 +29,7 @@ pub mod operators;
 pub mod prior_chain;
 pub mod recovery;
 pub mod sources;
+mod spares;
 pub mod structures;
 pub mod thresholds;
 pub mod workloads;

@@ -34,15 +34,10 @@ use super::batch::BackupBatch;
 use super::entry::{EntryBytes, PayloadReader};
 use super::error::CoreError;
 use super::logged::{LoggedValue, Prior, Priors, CERTAIN};
+use super::spares::Spares;
 
-/// Backup buffers kept for reuse. Against a broker whose round trip is long
-/// next to the backups' pace, hundreds of backups are in flight, and where
-/// drift is spread thin (a late stage of SGD) a backup writes thousands of
-/// records; a buffer taken new grows by doubling, copying at each step,
-/// and half a megabyte taken and given back each backup costs page faults.
-/// So up to `SPARE_BATCHES` are kept while their room together is within
-/// `SPARE_BYTES` a task, and a backup takes the roomiest (a complete
-/// backup's buffer, larger than all of it, is let go).
+/// Backup buffers kept for reuse (see [`crate::spares`]): up to 2 MiB of
+/// records a task.
 const SPARE_BATCHES: usize = 32;
 const SPARE_BYTES: usize = 2 << 20;
 
@@ -62,7 +57,7 @@ pub struct PriorChain {
     /// failure reads its keys' values and priors back.
     sent: VecDeque<BackupBatch>,
     /// Buffers of covered or abandoned backups, for reuse.
-    spare: Vec<BackupBatch>,
+    spare: Spares<BackupBatch, SPARE_BATCHES, SPARE_BYTES>,
 }
 
 /// What a crash at a store write would leave uncertain (see the module
@@ -180,8 +175,7 @@ impl PriorChain {
 
     /// An empty batch for backup `seq`, on the buffers of one done with.
     pub fn batch(&mut self, seq: u64) -> BackupBatch {
-        let roomiest = (0..self.spare.len()).max_by_key(|&i| self.spare[i].capacity());
-        let mut batch = roomiest.map(|i| self.spare.swap_remove(i)).unwrap_or_default();
+        let mut batch = self.spare.take();
         batch.reset(seq);
         batch
     }
@@ -288,10 +282,7 @@ impl PriorChain {
     /// Keeps a few buffers for the next backups, not every one a burst of
     /// failures or a large final backup left.
     fn recycle(&mut self, batch: BackupBatch) {
-        let kept: usize = self.spare.iter().map(BackupBatch::capacity).sum();
-        if self.spare.len() < SPARE_BATCHES && kept + batch.capacity() <= SPARE_BYTES {
-            self.spare.push(batch);
-        }
+        self.spare.give(batch);
     }
 
     /// A marker covering the backups up to `covers` is acknowledged: their

@@ -21,6 +21,7 @@ use heaviest::ColdSlots;
 use super::prefetch::{fetch_ahead, prefetch};
 use super::BackupScope;
 use super::Norm;
+use crate::spares::Spares;
 
 const DIRTY: u8 = 1; // changed since it was last included in a backup (L1, L2, key count)
 const OVER: u8 = 2; // |live - backed| > θ·WRITE_FRACTION (max difference): written by the next backup
@@ -98,17 +99,13 @@ pub struct DriftSlots {
     /// kept to reuse its buffer.
     ranked: Vec<(u32, u8, f64)>,
     /// Buffers of acknowledged backups' slots, for reuse (see `recycle`).
-    spare: Vec<Vec<Written>>,
+    spare: Spares<Vec<Written>, SPARE_BUFFERS, SPARE_WRITTEN>,
     /// The dirty slots the last drifted backups left unwritten (L1, L2).
     cold: ColdSlots,
 }
 
-/// Buffers of done backups kept for reuse: hundreds of backups may be in
-/// flight, and a buffer allocated and freed each backup showed in the
-/// profile of a backup every few dozen items. Up to `SPARE_BUFFERS` are kept
-/// while their room together is within `SPARE_WRITTEN` slots (1 MiB), and a
-/// backup takes the roomiest, so that one of thousands of records finds
-/// room; a complete backup's, larger than all of it, is let go.
+/// Buffers of done backups' slots kept for reuse (see [`crate::spares`]):
+/// up to 65 536 slots (1 MiB) a structure.
 const SPARE_BUFFERS: usize = 32;
 const SPARE_WRITTEN: usize = 1 << 16;
 
@@ -150,7 +147,7 @@ impl DriftSlots {
             pressure: false,
             scratch: Vec::new(),
             ranked: Vec::new(),
-            spare: Vec::new(),
+            spare: Spares::default(),
             cold: ColdSlots::default(),
         }
     }
@@ -484,8 +481,7 @@ impl DriftSlots {
         }
         // The baseline moves now: the next backup is measured from this one (see
         // the module docs for why that holds while it is in flight).
-        let roomiest = (0..self.spare.len()).max_by_key(|&i| self.spare[i].capacity());
-        let mut values = roomiest.map(|i| self.spare.swap_remove(i)).unwrap_or_default();
+        let mut values = self.spare.take();
         values.reserve(indices.len());
         for (position, &index) in indices.iter().enumerate() {
             fetch_ahead(position, |step| self.prefetch_slot(indices.get(step)));
@@ -538,11 +534,8 @@ impl DriftSlots {
     }
 
     fn recycle(&mut self, mut values: Vec<Written>) {
-        let kept: usize = self.spare.iter().map(Vec::capacity).sum();
-        if self.spare.len() < SPARE_BUFFERS && kept + values.capacity() <= SPARE_WRITTEN {
-            values.clear();
-            self.spare.push(values);
-        }
+        values.clear();
+        self.spare.give(values);
     }
 
     /// A backup just took the slot's live value: that is its baseline now, and
