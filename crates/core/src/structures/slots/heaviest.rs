@@ -270,10 +270,13 @@ impl DriftSlots {
     /// are set from what stays.
     fn sift_bucket(&mut self, class: usize, take: bool, indices: &mut Vec<u32>) {
         let mut bucket = std::mem::take(&mut self.cold.buckets[class]);
+        // As one slice: indexing a ring buffer wraps at every entry, and a
+        // sift reads every entry of a bucket that may hold thousands.
+        let entries = bucket.make_contiguous();
         let (mut kept, mut sum) = (0, 0.0);
-        for position in 0..bucket.len() {
-            let index = bucket[position];
-            fetch_ahead(position, |step| self.prefetch_slot(bucket.get(step)));
+        for position in 0..entries.len() {
+            let index = entries[position];
+            fetch_ahead(position, |step| self.prefetch_slot(entries.get(step)));
             let Some(term) = self.cold_term(index, class) else {
                 continue;
             };
@@ -284,15 +287,15 @@ impl DriftSlots {
                 self.flags[index as usize] &= !DIRTY;
                 indices.push(index);
             } else {
-                bucket[kept] = index;
+                entries[kept] = index;
                 kept += 1;
                 sum += term;
             }
         }
-        bucket.truncate(kept);
-        for &index in &bucket {
+        for &index in &entries[..kept] {
             self.flags[index as usize] |= COLD;
         }
+        bucket.truncate(kept);
         if bucket.is_empty() {
             self.cold.occupied.remove(class);
         }
