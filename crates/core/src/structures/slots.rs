@@ -14,6 +14,7 @@
 
 use std::collections::VecDeque;
 
+mod bucket;
 mod heaviest;
 
 use heaviest::ColdSlots;

@@ -33,8 +33,7 @@
 //! bound, and reading the whole bucket every backup cost more than the
 //! records it saved.
 
-use std::collections::VecDeque;
-
+use super::bucket::Bucket;
 use super::{DriftSlots, COLD, DIRTY, OWED};
 use crate::structures::prefetch::fetch_ahead;
 use crate::structures::Norm;
@@ -112,7 +111,7 @@ fn drift_class(term: f64) -> usize {
 /// The cold slots by class (see the module docs).
 #[derive(Clone, Debug)]
 pub(super) struct ColdSlots {
-    buckets: Vec<VecDeque<u32>>,
+    buckets: Vec<Bucket>,
     /// Per class, the sum of its cold slots' terms.
     sums: [f64; DRIFT_CLASSES],
     /// Per class, how many slots are cold in it (its entries may be more).
@@ -124,7 +123,7 @@ pub(super) struct ColdSlots {
 impl Default for ColdSlots {
     fn default() -> Self {
         ColdSlots {
-            buckets: vec![VecDeque::new(); DRIFT_CLASSES],
+            buckets: vec![Bucket::default(); DRIFT_CLASSES],
             sums: [0.0; DRIFT_CLASSES],
             counts: [0; DRIFT_CLASSES],
             occupied: ClassSet::default(),
@@ -244,6 +243,7 @@ impl DriftSlots {
             self.cold.sums[class] = 0.0;
             self.cold.counts[class] = 0;
         }
+        bucket.settle();
         self.cold.buckets[class] = bucket;
     }
 
@@ -270,9 +270,7 @@ impl DriftSlots {
     /// are set from what stays.
     fn sift_bucket(&mut self, class: usize, take: bool, indices: &mut Vec<u32>) {
         let mut bucket = std::mem::take(&mut self.cold.buckets[class]);
-        // As one slice: indexing a ring buffer wraps at every entry, and a
-        // sift reads every entry of a bucket that may hold thousands.
-        let entries = bucket.make_contiguous();
+        let entries = bucket.as_mut_slice();
         let (mut kept, mut sum) = (0, 0.0);
         for position in 0..entries.len() {
             let index = entries[position];
