@@ -5,9 +5,9 @@
 //! entry by entry (the class cut in part from its front, a sift through all
 //! of it), and indexing a ring wraps at every entry, where a slice's index
 //! is one addition. The entries taken from the front stay in the vector
-//! until they are half of it, then go in one move, so each entry is moved
-//! at most once for each time it is taken or pushed, and the vector holds
-//! at most twice what the bucket does.
+//! until they are more than half of it, then go in one move, so each entry
+//! is moved at most once for each time it is taken or pushed, and the
+//! vector holds at most about twice what the bucket does.
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(super) struct Bucket {
@@ -55,13 +55,9 @@ impl Bucket {
         self.settle();
     }
 
-    /// Lets the entries taken go once they are half the vector (all of
-    /// them at once when nothing is left behind them).
+    /// Lets the entries taken go once they are more than half the vector.
     pub(super) fn settle(&mut self) {
-        if self.head == self.entries.len() {
-            self.entries.clear();
-            self.head = 0;
-        } else if self.head > self.entries.len() / 2 {
+        if self.head > self.entries.len() / 2 {
             self.entries.drain(..self.head);
             self.head = 0;
         }
@@ -84,18 +80,23 @@ mod tests {
             (8, Some(&2), Some(&9), None)
         );
         bucket.settle();
-        assert_eq!(bucket.entries.len(), 10, "two taken of ten stay until they are half");
+        assert_eq!(
+            bucket.entries.len(),
+            10,
+            "two taken of ten stay until they are more than half"
+        );
         for _ in 0..4 {
             bucket.pop_front();
         }
         bucket.settle();
         assert_eq!((bucket.head, bucket.entries.as_slice()), (0, [6, 7, 8, 9].as_slice()));
+        assert_eq!(bucket.pop_front(), Some(6));
         bucket.as_mut_slice()[1] = 9;
         bucket.truncate(2);
-        assert_eq!(bucket.as_mut_slice(), [6, 9]);
+        assert_eq!(bucket.as_mut_slice(), [7, 9], "kept from the head on");
         assert_eq!(
             [bucket.pop_front(), bucket.pop_front(), bucket.pop_front()],
-            [Some(6), Some(9), None]
+            [Some(7), Some(9), None]
         );
         bucket.settle();
         assert_eq!((bucket.head, bucket.entries.len(), bucket.is_empty()), (0, 0, true));
