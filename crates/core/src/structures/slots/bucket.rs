@@ -9,7 +9,7 @@
 //! is moved at most once for each time it is taken or pushed, and the
 //! vector holds at most about twice what the bucket does.
 
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct Bucket {
     entries: Vec<u32>,
     /// Where the bucket starts: the entries before were taken.
