@@ -17,7 +17,9 @@
 //! changelog (approximate with Θ at the smallest positive number, as `cargo
 //! bench --bench kafka` runs it: every changed entry is written, coalesced
 //! while a backup is open), side by side in one run for each round trip;
-//! medians of the rounds, each ratio to `none`, and the changelog records
+//! medians of the rounds, each ratio to `none`, the share of the run in
+//! which every task's input waited for an acknowledgement (and of the polls
+//! that waited, the share that waited for outputs, γ), the changelog records
 //! (entries and markers) per item, with approximate's records over the
 //! every-change changelog's and over a record per change (the entries of a
 //! run where every item's changes are a backup of their own, not timed:
@@ -164,6 +166,12 @@ struct Run {
     records: u64,
     /// Of those, backup entries.
     entries: u64,
+    /// How long every task's input waited for an acknowledgement.
+    waited: Duration,
+    /// Polls in which input waited, and of them those in which it waited
+    /// for outputs (γ), over every task.
+    stalls: u64,
+    stalls_for_outputs: u64,
 }
 
 /// How long `tasks` tasks take to process every item between them, and what
@@ -213,6 +221,7 @@ fn run_case<O: Operator>(
         })
         .collect();
     let started = Instant::now();
+    let mut waited = Duration::ZERO;
     while running.iter().any(|task| !task.done()) {
         let mut all_wait = true;
         for task in running.iter_mut().filter(|task| !task.done()) {
@@ -224,15 +233,21 @@ fn run_case<O: Operator>(
             let Some(at) = running.iter().filter_map(|task| task.io.next_due()).min() else {
                 panic!("input waits with nothing in flight")
             };
+            let spin = Instant::now();
             while Instant::now() < at {
                 std::hint::spin_loop();
             }
+            waited += spin.elapsed();
         }
     }
+    let stats: Vec<_> = running.iter().map(|task| task.driver.stats()).collect();
     Run {
         took: started.elapsed(),
         records: running.iter().map(|task| task.io.records).sum(),
         entries: running.iter().map(|task| task.io.entries).sum(),
+        waited,
+        stalls: stats.iter().map(|s| s.stalls).sum(),
+        stalls_for_outputs: stats.iter().map(|s| s.stalls_for_outputs).sum(),
     }
 }
 
@@ -315,11 +330,15 @@ fn workload<O: Operator>(workload: &str, build: impl Fn() -> O, items: &[O::Inpu
         for (tasks, changes) in TASKS.into_iter().zip(per_change_records) {
             let mut rates: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
             let mut records: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+            let mut waits: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+            let mut for_outputs: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
             for _ in 0..rounds {
                 for (index, &case) in cases.iter().enumerate() {
                     let run = run_case(&build, items, case, tasks, thresholds, round_trip);
                     rates[index].push(items.len() as f64 / run.took.as_secs_f64());
                     records[index].push(run.records as f64 / items.len() as f64);
+                    waits[index].push(run.waited.as_secs_f64() / run.took.as_secs_f64());
+                    for_outputs[index].push(run.stalls_for_outputs as f64 / run.stalls.max(1) as f64);
                 }
             }
             let none = median(rates[0].clone());
@@ -336,9 +355,11 @@ fn workload<O: Operator>(workload: &str, build: impl Fn() -> O, items: &[O::Inpu
                     _ => " | ".into(),
                 };
                 println!(
-                    "| {name} | {rtt_us} | {tasks} | {} | {rate:.0} | {:.3} | {:.4} | {versus} |",
+                    "| {name} | {rtt_us} | {tasks} | {} | {rate:.0} | {:.3} | {:.1}% ({:.0}%) | {:.4} | {versus} |",
                     case.label,
                     rate / none,
+                    100.0 * median(waits[index].clone()),
+                    100.0 * median(for_outputs[index].clone()),
                     per_item[index]
                 );
             }
@@ -349,9 +370,9 @@ fn workload<O: Operator>(workload: &str, build: impl Fn() -> O, items: &[O::Inpu
 fn main() {
     let count = env_number("AFSTREAM_BENCH_ITEMS", 1_000_000);
     println!(
-        "| workload | round trip (µs) | tasks | case | items/s | / none | changelog records per item | / every-change | / a record per change |"
+        "| workload | round trip (µs) | tasks | case | items/s | / none | input waited (of its waits, for γ) | changelog records per item | / every-change | / a record per change |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let packets = workloads::zipf_flows(count, 100_000, 1.1, 1);
     workload(
         "heavy hitters",

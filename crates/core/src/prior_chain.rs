@@ -73,10 +73,6 @@ const UNCERTAIN: u8 = 1;
 const ABANDONED: u8 = 2;
 
 impl CrashPriors {
-    pub fn is_empty(&self) -> bool {
-        self.uncertain.is_empty() && self.abandoned.is_empty()
-    }
-
     /// Appends the keys, each as `[kind][key length: u32][key][logged length:
     /// u32][logged value]`, behind their count; a logged value holds an
     /// uncertain key's priors, or an abandoned key's backup and prior.
@@ -459,6 +455,27 @@ mod tests {
         assert_eq!(next.at_marker(0).unwrap(), Some(&bytes(0.0)));
         assert_eq!(next.at_marker(1).unwrap(), Some(&bytes(1.0)));
         assert_eq!(next.at_marker(2).unwrap(), Some(&bytes(2.0)));
+    }
+
+    #[test]
+    fn a_crash_view_keeps_what_earlier_failures_and_abandons_left() {
+        let mut chain = PriorChain::new();
+        log(&mut chain, 1, b"k", 1.0, Some(0.0));
+        chain.failed(1);
+        let abandoned = backup(&mut chain, 2, b"j", 3.0, Some(2.0));
+        chain.abandoned(abandoned);
+        // Nothing in flight or held: the view is what the chain knows.
+        let mut resumed = PriorChain::resumed(chain.crash_view(std::iter::empty()));
+        let k = log(&mut resumed, 3, b"k", 1.5, Some(1.0));
+        let seqs: Vec<u64> = k.priors.iter().map(|p| p.seq).collect();
+        assert_eq!(
+            seqs,
+            vec![1, CERTAIN],
+            "backup 1 failed: it may or may not be in the log"
+        );
+        assert_eq!(k.at_marker(0).unwrap(), Some(&bytes(0.0)));
+        let j = log(&mut resumed, 3, b"j", 3.5, Some(3.0));
+        assert_eq!(j.at_marker(0).unwrap(), Some(&bytes(2.0)), "backup 2 was never sent");
     }
 
     #[test]

@@ -503,6 +503,23 @@ fn a_zombie_record_landing_before_the_next_owners_first_write_is_left_out_under_
 }
 
 #[test]
+fn a_zombie_marker_behind_the_next_owners_first_record_is_not_the_last() {
+    // Owner 2 wrote the key it rolled back, with no marker yet, when owner
+    // 1's late marker landed: a record of incarnation 2 precedes it, so it is
+    // not admitted, though no marker of incarnation 2 is in the log.
+    let owner_1 = marker_of(1, 3, 10, seq(1, 2), u64::MAX);
+    let zombie = marker_of(1, 5, 50, seq(1, 4), u64::MAX);
+    let log = vec![
+        logged(b"a", seq(1, 2), 1.0, None),
+        owner_1.to_entry(),
+        logged(b"a", seq(2, 1), 1.0, Some(1.0)),
+        zombie.to_entry(),
+    ];
+    assert_eq!(last_marker_in_order(&log).unwrap(), Some(owner_1.clone()));
+    assert_eq!(read_changelog(&log).unwrap().marker, Some(owner_1));
+}
+
+#[test]
 fn a_later_start_without_a_marker_restores_as_its_priors_even_compacted() {
     // Owner 2 wrote the keys it rolled back and died before its start
     // marker; compaction removed owner 1's record they superseded.
