@@ -271,7 +271,8 @@ fn env_number(name: &str, default: usize) -> usize {
 /// Rounds enough for `none` to have run `MIN_NONE_SECONDS` in all, judged
 /// from the `done` rounds that took `took`: a workload whose run is a few
 /// tens of milliseconds would otherwise be measured on a quarter of a
-/// second, where this machine's spread between runs is ±15 %.
+/// second, shorter than the spread between runs settles in (see
+/// docs/benchmarks.md, "The latency bench timed from the start markers").
 fn rounds_for(took: Duration, done: usize) -> usize {
     const MIN_NONE_SECONDS: f64 = 2.0;
     const MOST_ROUNDS: usize = 41;
