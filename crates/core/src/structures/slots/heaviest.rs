@@ -383,10 +383,12 @@ mod tests {
     #[test]
     fn a_class_set_gives_its_classes_largest_first() {
         let mut set = ClassSet::default();
-        for class in [0, 5, 64, 127, 5] {
+        for class in [0, 5, 64, 70, 127, 5, 9] {
             set.insert(class);
         }
         set.remove(64);
+        set.remove(70);
+        set.remove(9);
         assert_eq!(set.descending().collect::<Vec<_>>(), [127, 5, 0]);
         assert_eq!(ClassSet::default().descending().count(), 0);
     }

@@ -397,6 +397,26 @@ fn a_slot_listed_twice_is_ranked_and_written_once() {
 }
 
 #[test]
+fn a_class_both_cold_and_changed_since_is_ranked_at_any_scale() {
+    // Drifts under 1 fall in the lower half of the classes: a binary scale
+    // keeps every class's order and every sum exact.
+    for scale in [1.0, 0.5f64.powi(20)] {
+        let mut slots = DriftSlots::new(Norm::L1, 3);
+        slots.set_theta(10.0 * scale);
+        for (index, drift) in [(0, 4.0), (1, 8.0), (2, 1.0)] {
+            slots.set(index, drift * scale);
+        }
+        // 13 of drift: writing 8 leaves 5 = θ/2; 0 and 2 stay cold.
+        assert_eq!(indices(slots.backup(1, BackupScope::Drifted)), vec![1], "scale {scale}");
+        // Slot 1 drifts 4 again, in the class slot 0 is cold in: 9 of
+        // drift, 8 of it in that class; writing the cold 4 leaves 5.
+        slots.set(1, 12.0 * scale);
+        assert_eq!(indices(slots.backup(2, BackupScope::Drifted)), vec![0], "scale {scale}");
+        assert_eq!(slots.divergence(), 5.0 * scale);
+    }
+}
+
+#[test]
 fn the_slots_a_drifted_backup_leaves_are_ranked_again_only_once_changed() {
     let mut slots = DriftSlots::new(Norm::L1, 5);
     slots.set_theta(10.0);
