@@ -427,6 +427,7 @@ mod tests {
                 "round {round}: {entries} entries"
             );
             assert_eq!(slots.cold.counts[class], 30);
+            assert_eq!(slots.cold.sums[class], 30.0 * value, "round {round}: the class sum");
             assert_eq!(slots.divergence(), 30.0 * value);
         }
     }

@@ -417,6 +417,30 @@ fn a_class_both_cold_and_changed_since_is_ranked_at_any_scale() {
 }
 
 #[test]
+fn a_class_cut_in_part_keeps_the_sum_of_the_cold_slots_it_leaves() {
+    let mut slots = DriftSlots::new(Norm::L1, 9);
+    slots.set_theta(10.0);
+    slots.set(0, 8.0);
+    for index in 1..=5 {
+        slots.set(index, 1.0);
+    }
+    // 13 of drift: writing 8 leaves 5 = θ/2; five slots of 1 stay cold.
+    assert_eq!(indices(slots.backup(1, BackupScope::Drifted)), vec![0]);
+    // Slot 0 drifts 1: 6 in the class of 1, which is cut in part: the slot
+    // cold longest goes, and the class holds 5 again, slot 0 cooled in it.
+    slots.set(0, 9.0);
+    assert_eq!(indices(slots.backup(2, BackupScope::Drifted)), vec![1]);
+    // With θ/2 = 1 and three drifts of 0.5 besides, 6.5 of drift: the class
+    // of 1 goes whole (its sum, 5, leaves 1.5), then one of 0.5.
+    slots.set_theta(2.0);
+    for index in 6..=8 {
+        slots.set(index, 0.5);
+    }
+    assert_eq!(indices(slots.backup(3, BackupScope::Drifted)), vec![0, 2, 3, 4, 5, 6]);
+    assert_eq!(slots.divergence(), 1.0);
+}
+
+#[test]
 fn the_slots_a_drifted_backup_leaves_are_ranked_again_only_once_changed() {
     let mut slots = DriftSlots::new(Norm::L1, 5);
     slots.set_theta(10.0);
