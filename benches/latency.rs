@@ -227,9 +227,7 @@ fn run_case<O: Operator>(
     // not throughput, and would be a tenth of a run of the fastest workloads.
     for task in &mut running {
         while let Some(at) = task.io.next_due() {
-            while Instant::now() < at {
-                std::hint::spin_loop();
-            }
+            spin_until(at);
             deliver(&mut task.driver, &mut task.io);
         }
     }
@@ -241,15 +239,12 @@ fn run_case<O: Operator>(
             all_wait &= task.poll(started);
         }
         if all_wait {
-            // Every task waits: until the next acknowledgement is due (a spin,
-            // so that the timer's granularity is not measured).
+            // Every task waits: until the next acknowledgement is due.
             let Some(at) = running.iter().filter_map(|task| task.io.next_due()).min() else {
                 panic!("input waits with nothing in flight")
             };
             let spin = Instant::now();
-            while Instant::now() < at {
-                std::hint::spin_loop();
-            }
+            spin_until(at);
             waited += spin.elapsed();
         }
     }
@@ -264,22 +259,30 @@ fn run_case<O: Operator>(
     }
 }
 
+/// Waits for `at` by spinning, so that the timer's granularity is not measured.
+fn spin_until(at: Instant) {
+    while Instant::now() < at {
+        std::hint::spin_loop();
+    }
+}
+
 fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 /// Rounds enough for `none` to have run `MIN_NONE_SECONDS` in all, judged
-/// from the `done` rounds that took `took`: a workload whose run is a few
+/// from its runs so far: a workload whose run is a few
 /// tens of milliseconds would otherwise be measured on a quarter of a
 /// second, shorter than the spread between runs settles in (see
 /// docs/benchmarks.md, "The latency bench timed from the start markers").
-fn rounds_for(took: Duration, done: usize) -> usize {
+fn rounds_for(none_runs: &[Run]) -> usize {
     const MIN_NONE_SECONDS: f64 = 2.0;
     const MOST_ROUNDS: usize = 41;
-    if done == 0 {
+    if none_runs.is_empty() {
         return 1;
     }
-    let per_round = took.as_secs_f64() / done as f64;
+    let took: f64 = none_runs.iter().map(|run| run.took.as_secs_f64()).sum();
+    let per_round = took / none_runs.len() as f64;
     // Odd, so that the median is a round of its own.
     ((MIN_NONE_SECONDS / per_round).ceil() as usize | 1).min(MOST_ROUNDS)
 }
@@ -357,29 +360,22 @@ fn workload<O: Operator>(workload: &str, build: impl Fn() -> O, items: &[O::Inpu
     for &rtt_us in &round_trips {
         let round_trip = Duration::from_micros(rtt_us);
         for (tasks, changes) in TASKS.into_iter().zip(per_change_records) {
-            let mut rates: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
-            let mut records: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
-            let mut waits: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
-            let mut for_outputs: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
-            let mut round = 0;
-            let mut none_took = Duration::ZERO;
-            while round < rounds.max(rounds_for(none_took, round)) {
-                round += 1;
-                for (index, &case) in cases.iter().enumerate() {
-                    let run = run_case(&build, items, case, tasks, thresholds, round_trip);
-                    if index == 0 {
-                        none_took += run.took;
-                    }
-                    rates[index].push(items.len() as f64 / run.took.as_secs_f64());
-                    records[index].push(run.records as f64 / items.len() as f64);
-                    waits[index].push(run.waited.as_secs_f64() / run.took.as_secs_f64());
-                    for_outputs[index].push(run.stalls_for_outputs as f64 / run.stalls.max(1) as f64);
+            let mut runs: Vec<Vec<Run>> = cases.iter().map(|_| Vec::new()).collect();
+            while runs[0].len() < rounds.max(rounds_for(&runs[0])) {
+                for (case_runs, &case) in runs.iter_mut().zip(&cases) {
+                    case_runs.push(run_case(&build, items, case, tasks, thresholds, round_trip));
                 }
             }
-            let none = median(rates[0].clone());
-            let per_item: Vec<f64> = records.into_iter().map(median).collect();
+            let count = items.len() as f64;
+            let median_of =
+                |index: usize, measure: &dyn Fn(&Run) -> f64| median(runs[index].iter().map(measure).collect());
+            let rate_of = |run: &Run| count / run.took.as_secs_f64();
+            let none = median_of(0, &rate_of);
+            let per_item: Vec<f64> = (0..cases.len())
+                .map(|index| median_of(index, &|run| run.records as f64 / count))
+                .collect();
             for (index, case) in cases.iter().enumerate() {
-                let rate = median(rates[index].clone());
+                let rate = median_of(index, &rate_of);
                 let versus = match index {
                     APPROXIMATE => format!(
                         "{:.3} | {:.3}",
@@ -393,8 +389,8 @@ fn workload<O: Operator>(workload: &str, build: impl Fn() -> O, items: &[O::Inpu
                     "| {name} | {rtt_us} | {tasks} | {} | {rate:.0} | {:.3} | {:.1}% ({:.0}%) | {:.4} | {versus} |",
                     case.label,
                     rate / none,
-                    100.0 * median(waits[index].clone()),
-                    100.0 * median(for_outputs[index].clone()),
+                    100.0 * median_of(index, &|run| run.waited.as_secs_f64() / run.took.as_secs_f64()),
+                    100.0 * median_of(index, &|run| run.stalls_for_outputs as f64 / run.stalls.max(1) as f64),
                     per_item[index]
                 );
             }
