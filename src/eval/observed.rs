@@ -10,7 +10,18 @@
 //! `changelog_end`), and the input partition processed by a fresh operator up
 //! to the resume offset. Both states are built by the pipeline's own operator
 //! and compared by its divergence function (`Operator::distance`).
+//!
+//! The changelog prefix is restored twice: as read, and as compaction may
+//! leave it at the most (each key's latest record only, markers included, so
+//! only the last marker stays). A recovery may come before or after the
+//! cleaner ran, and must be within its bound either way: the older records
+//! compaction removes are what a restore that used the newest record per key
+//! whatever the marker would have needed to be right. The larger of the two
+//! distances is the one observed.
 
+use std::collections::HashMap;
+
+use crate::core::BackupEntry;
 use crate::service::codec::{Codec, ServiceOperator};
 use crate::service::config::Config;
 use crate::service::kafka::{ChangelogLoader, TopicReader};
@@ -49,11 +60,15 @@ fn observe<O: ServiceOperator>(
     let mut observed = Vec::with_capacity(checks.len());
     for check in checks {
         let partition = check.partition;
-        let mut restored = O::for_partition(operator_config, partition as u32, None)?;
         let logged = changelog.load_until(partition, Some(check.changelog_end as i64))?;
-        restored
-            .restore(&logged.entries)
-            .map_err(|e| ServiceError::Restore { partition, source: e })?;
+        let restore = |entries: &[BackupEntry]| -> Result<O, ServiceError> {
+            let mut restored = O::for_partition(operator_config, partition as u32, None)?;
+            restored
+                .restore(entries)
+                .map_err(|e| ServiceError::Restore { partition, source: e })?;
+            Ok(restored)
+        };
+        let restored = [restore(&logged.entries)?, restore(&fully_compacted(&logged.entries))?];
         let mut exact = O::for_partition(operator_config, partition as u32, None)?;
         let topic = &pipeline.input_topic;
         let unreadable = |e: String| ServiceError::Unsupported(format!("reading {topic} partition {partition}: {e}"));
@@ -73,7 +88,53 @@ fn observe<O: ServiceOperator>(
                 }
             })
             .map_err(unreadable)?;
-        observed.push(restored.distance(&exact));
+        let distances = restored.iter().map(|state| state.distance(&exact));
+        observed.push(distances.fold(0.0, f64::max));
     }
     Ok(observed)
+}
+
+/// The log as compaction may leave it at the most: each key's latest record,
+/// in log order.
+fn fully_compacted(entries: &[BackupEntry]) -> Vec<BackupEntry> {
+    let latest: HashMap<&[u8], usize> = entries
+        .iter()
+        .enumerate()
+        .map(|(position, entry)| (&entry.key[..], position))
+        .collect();
+    let is_latest = |position: usize, entry: &BackupEntry| latest.get(&entry.key[..]) == Some(&position);
+    entries
+        .iter()
+        .enumerate()
+        .filter(|&(position, entry)| is_latest(position, entry))
+        .map(|(_, entry)| entry.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(key: &[u8], value: u8) -> BackupEntry {
+        BackupEntry {
+            key: key.into(),
+            value: Some([value][..].into()),
+        }
+    }
+
+    #[test]
+    fn full_compaction_keeps_each_keys_latest_record_in_log_order() {
+        let log = [
+            entry(b"a", 1),
+            entry(b"m", 2),
+            entry(b"b", 3),
+            entry(b"a", 4),
+            entry(b"m", 5),
+        ];
+        let values: Vec<u8> = fully_compacted(&log)
+            .iter()
+            .map(|e| e.value.as_ref().expect("a value")[0])
+            .collect();
+        assert_eq!(values, [3, 4, 5]);
+    }
 }
