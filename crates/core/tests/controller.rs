@@ -376,6 +376,27 @@ fn a_failed_backup_is_issued_again_at_once() {
 }
 
 #[test]
+fn a_failed_backup_leaves_the_older_one_in_flight_and_its_marker_to_count() {
+    let mut c = running(config(Mode::Approximate, 20.0, 1000, 100));
+    let mut actions = Vec::new();
+    one_item(&mut c, 0, 0, 11.0, 0, &mut actions);
+    one_item(&mut c, 1, 0, 12.0, 0, &mut actions);
+    let [(older, _), (newer, _)] = backups(&actions)[..] else {
+        panic!("two backups in flight: {actions:?}")
+    };
+    let covered = markers(&actions)[0].input_offset;
+    actions.clear();
+    c.backup_failed(newer, &mut actions);
+    let after = complete_backup(&mut c, older);
+    assert_eq!(
+        commits(&after),
+        [covered],
+        "the older backup and its marker landed: the recovery point moves to it ({after:?})"
+    );
+    assert_eq!(c.marked().offset, covered);
+}
+
+#[test]
 fn a_failed_marker_is_covered_by_a_new_backup() {
     let mut c = running(config(Mode::Approximate, 20.0, 1000, 100));
     let mut actions = Vec::new();
