@@ -13,11 +13,12 @@
 //!
 //! The changelog prefix is restored twice: as read, and as compaction may
 //! leave it at the most (each key's latest record only, markers included, so
-//! only the last marker stays). A recovery may come before or after the
-//! cleaner ran, and must be within its bound either way: the older records
-//! compaction removes are what a restore that used the newest record per key
-//! whatever the marker would have needed to be right. The larger of the two
-//! distances is the one observed.
+//! only the last marker stays; Kafka's cleaner never goes that far, since it
+//! spares the active segment). A recovery may come before or after the
+//! cleaner ran, and must be within its bound either way: a restore that
+//! read a key's older records instead of the prior its latest record
+//! carries would be right on the log as read and wrong once they are gone.
+//! The larger of the two distances is the one observed.
 
 use std::collections::HashMap;
 
