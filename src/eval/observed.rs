@@ -20,9 +20,7 @@
 //! carries would be right on the log as read and wrong once they are gone.
 //! The larger of the two distances is the one observed.
 
-use std::collections::HashMap;
-
-use crate::core::BackupEntry;
+use crate::core::{compacted, BackupEntry};
 use crate::service::codec::{Codec, ServiceOperator};
 use crate::service::config::Config;
 use crate::service::kafka::{ChangelogLoader, TopicReader};
@@ -69,7 +67,10 @@ fn observe<O: ServiceOperator>(
                 .map_err(|e| ServiceError::Restore { partition, source: e })?;
             Ok(restored)
         };
-        let restored = [restore(&logged.entries)?, restore(&fully_compacted(&logged.entries))?];
+        let restored = [
+            restore(&logged.entries)?,
+            restore(&compacted(logged.entries.clone(), false))?,
+        ];
         let mut exact = O::for_partition(operator_config, partition as u32, None)?;
         let topic = &pipeline.input_topic;
         let unreadable = |e: String| ServiceError::Unsupported(format!("reading {topic} partition {partition}: {e}"));
@@ -93,49 +94,4 @@ fn observe<O: ServiceOperator>(
         observed.push(distances.fold(0.0, f64::max));
     }
     Ok(observed)
-}
-
-/// The log as compaction may leave it at the most: each key's latest record,
-/// in log order.
-fn fully_compacted(entries: &[BackupEntry]) -> Vec<BackupEntry> {
-    let latest: HashMap<&[u8], usize> = entries
-        .iter()
-        .enumerate()
-        .map(|(position, entry)| (&entry.key[..], position))
-        .collect();
-    let is_latest = |position: usize, entry: &BackupEntry| latest.get(&entry.key[..]) == Some(&position);
-    entries
-        .iter()
-        .enumerate()
-        .filter(|&(position, entry)| is_latest(position, entry))
-        .map(|(_, entry)| entry.clone())
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entry(key: &[u8], value: u8) -> BackupEntry {
-        BackupEntry {
-            key: key.into(),
-            value: Some([value][..].into()),
-        }
-    }
-
-    #[test]
-    fn full_compaction_keeps_each_keys_latest_record_in_log_order() {
-        let log = [
-            entry(b"a", 1),
-            entry(b"m", 2),
-            entry(b"b", 3),
-            entry(b"a", 4),
-            entry(b"m", 5),
-        ];
-        let values: Vec<u8> = fully_compacted(&log)
-            .iter()
-            .map(|e| e.value.as_ref().expect("a value")[0])
-            .collect();
-        assert_eq!(values, [3, 4, 5]);
-    }
 }

@@ -46,8 +46,8 @@ pub use mode::{ExactInterval, Mode};
 pub use operator::{AnalysisConstants, BackupScope, Operator, ProcessError, Rejected};
 pub use prior_chain::CrashPriors;
 pub use recovery::{
-    last_marker_in_order, read_changelog, BackupMarker, ChangelogReader, ChangelogState, MarkedState, RecentFailures,
-    RecoveryPlan, Restart, ResumeSource, StoreCheckpoint, StoreWrites,
+    compacted, last_marker_in_order, read_changelog, BackupMarker, ChangelogReader, ChangelogState, MarkedState,
+    RecentFailures, RecoveryPlan, Restart, ResumeSource, StoreCheckpoint, StoreWrites,
 };
 pub use sources::{source_identity, SourcePosition, SourcePositions};
 pub use structures::{

@@ -445,6 +445,22 @@ pub fn last_marker_in_order(log: &[BackupEntry]) -> Result<Option<BackupMarker>,
     Ok(last)
 }
 
+/// The log as compaction leaves it once the cleaner has gone over every
+/// record: each key's latest record, in log order. Kafka keeps a deletion
+/// for `delete.retention.ms` after that; `drop_deletions` is the log once
+/// it has dropped them too. A recovery must hold on either (see
+/// [`crate::logged`]: what it needs travels in each key's latest record).
+pub fn compacted(log: Vec<BackupEntry>, drop_deletions: bool) -> Vec<BackupEntry> {
+    let mut seen = FxHashSet::default();
+    let mut kept: Vec<BackupEntry> = log
+        .into_iter()
+        .rev()
+        .filter(|entry| seen.insert(entry.key.clone()) && !(drop_deletions && entry.value.is_none()))
+        .collect();
+    kept.reverse();
+    kept
+}
+
 /// Reads a whole changelog held in memory.
 pub fn read_changelog<'a>(log: impl IntoIterator<Item = &'a BackupEntry>) -> Result<ChangelogState, CoreError> {
     let mut reader = ChangelogReader::new();

@@ -341,14 +341,7 @@ impl<Out> SimBroker<Out> {
             self.log.len()
         };
         let recent = self.log.split_off(end);
-        let mut seen = std::collections::HashSet::new();
-        let mut kept: Vec<BackupEntry> = Vec::with_capacity(self.log.len() + recent.len());
-        for entry in self.log.drain(..).rev() {
-            if seen.insert(entry.key.clone()) && !(drop_tombstones && entry.value.is_none()) {
-                kept.push(entry);
-            }
-        }
-        kept.reverse();
+        let mut kept = crate::recovery::compacted(std::mem::take(&mut self.log), drop_tombstones);
         // What compaction removed lay before both marks.
         let removed = end - kept.len();
         self.compactable = self.compactable.saturating_sub(removed);

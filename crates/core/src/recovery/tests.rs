@@ -536,3 +536,23 @@ fn a_later_start_without_a_marker_restores_as_its_priors_even_compacted() {
     let plan = plan.continuing(&state.restart);
     assert_eq!(crate::fence::incarnation(plan.next_seq), 3, "above every record read");
 }
+
+#[test]
+fn full_compaction_keeps_each_keys_latest_record_in_log_order() {
+    let entry = |key: &[u8], value: u8| BackupEntry {
+        key: key.into(),
+        value: Some([value][..].into()),
+    };
+    let log = vec![
+        entry(b"a", 1),
+        entry(b"m", 2),
+        entry(b"b", 3),
+        entry(b"a", 4),
+        entry(b"m", 5),
+    ];
+    let values: Vec<u8> = compacted(log, false)
+        .iter()
+        .map(|e| e.value.as_ref().expect("a value")[0])
+        .collect();
+    assert_eq!(values, [3, 4, 5]);
+}
